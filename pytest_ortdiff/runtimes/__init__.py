@@ -1,0 +1,1 @@
+"""The runtimes that produce outputs: onnxruntime (`OrtRunner`) and the torch evaluator (`TorchEvaluator`)."""

@@ -1,0 +1,113 @@
+"""The kernel registry: `(domain, op_type, since_version)` -> torch kernel class, opset-aware lookup.
+
+A kernel parses its node's attributes once in `__init__`; `run(*inputs)` takes torch tensors (None for
+an omitted optional input) and returns a tuple of torch tensors, one per node output.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import onnx
+import torch
+
+from ...dtypes import DType
+
+__all__ = ["REGISTRY", "Kernel", "KernelContext", "UnsupportedVariantError", "kernel", "lookup"]
+
+
+class UnsupportedVariantError(NotImplementedError):
+    """A kernel exists for the op, but not for this attribute/dtype variant: better an error than a wrong answer."""
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """What a kernel may need beyond its node: the device, the oracle's promotion, the opset."""
+
+    device: torch.device
+    opset: int
+    compute_dtype: torch.dtype | None = None
+
+    def torch_dtype(self, onnx_type: int) -> torch.dtype:
+        """The torch dtype a kernel creates for an onnx element type (floats promoted in oracle mode)."""
+        dt = DType(onnx_type)
+        if self.compute_dtype is not None and dt.is_floating_point:
+            return self.compute_dtype
+        return dt.torch
+
+    def tensor(self, value: Any, onnx_type: int | None = None) -> torch.Tensor:
+        """A tensor from an onnx TensorProto or a numpy array, on the device, promoted in oracle mode."""
+        if isinstance(value, onnx.TensorProto):
+            from ..tensors import from_onnx_tensor
+
+            t = from_onnx_tensor(value)
+        else:
+            t = torch.as_tensor(value)
+        if self.compute_dtype is not None and t.is_floating_point():
+            t = t.to(self.compute_dtype)
+        elif onnx_type is not None:
+            t = t.to(self.torch_dtype(onnx_type))
+        return t.to(self.device)
+
+
+class Kernel:
+    """Base class: subclasses set nothing by hand; `@kernel(...)` registers them."""
+
+    op_type: ClassVar[str] = ""
+    domain: ClassVar[str] = ""
+    since: ClassVar[int] = 1
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        self.node = node
+        self.ctx = ctx
+        self.attrs: dict[str, Any] = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        value = self.attrs.get(name, default)
+        if isinstance(value, bytes):
+            return value.decode()
+        return value
+
+    def run(self, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.domain or 'ai.onnx'}::{self.op_type}, since={self.since})"
+
+
+# (domain, op_type) -> sorted list of (since, kernel class)
+REGISTRY: dict[tuple[str, str], list[tuple[int, type[Kernel]]]] = {}
+
+
+def kernel(op_type: str, since: int = 1, domain: str = "") -> Callable[[type[Kernel]], type[Kernel]]:
+    """Class decorator: register a torch kernel for `domain::op_type` from opset `since` on."""
+
+    def register(cls: type[Kernel]) -> type[Kernel]:
+        cls.op_type = op_type
+        cls.domain = domain
+        cls.since = since
+        versions = REGISTRY.setdefault((domain, op_type), [])
+        if any(v == since for v, _ in versions):
+            raise ValueError(f"two kernels registered for {domain or 'ai.onnx'}::{op_type} since {since}")
+        bisect.insort(versions, (since, cls), key=lambda vc: vc[0])
+        return cls
+
+    return register
+
+
+def lookup(domain: str, op_type: str, opset: int) -> type[Kernel] | None:
+    """The kernel with the highest `since` that is at most `opset`, or None."""
+    versions = REGISTRY.get((domain, op_type))
+    if not versions:
+        return None
+    i = bisect.bisect_right([v for v, _ in versions], opset)
+    if i == 0:
+        return None
+    return versions[i - 1][1]
+
+
+def known_ops() -> list[str]:
+    return sorted(f"{d}::{o}" if d else o for d, o in REGISTRY)
