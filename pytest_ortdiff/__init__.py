@@ -1,0 +1,40 @@
+"""pytest-ortdiff: numerical reproducibility regression testing of ONNX models.
+
+torch evaluator vs onnxruntime vs a float64 oracle, per provider × dtype, with histogram diff reports.
+Heavy names (torch, onnxruntime) load on first use, so `import pytest_ortdiff` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .tolerance import Tolerance
+
+if TYPE_CHECKING:
+    from . import models
+    from .diff import DiffReport, compare
+    from .runtimes.evaluator import TorchEvaluator
+    from .runtimes.ort import OrtRunner
+
+__all__ = ["DiffReport", "OrtRunner", "Tolerance", "TorchEvaluator", "compare", "models"]
+__version__ = "0.1.0"
+
+_LAZY = {
+    "compare": ("pytest_ortdiff.diff", "compare"),
+    "DiffReport": ("pytest_ortdiff.diff", "DiffReport"),
+    "TorchEvaluator": ("pytest_ortdiff.runtimes.evaluator", "TorchEvaluator"),
+    "OrtRunner": ("pytest_ortdiff.runtimes.ort", "OrtRunner"),
+    "models": ("pytest_ortdiff.models", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        value = mod if attr is None else getattr(mod, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pytest_ortdiff' has no attribute {name!r}")

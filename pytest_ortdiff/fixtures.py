@@ -1,0 +1,168 @@
+"""The `ortdiff`, `ort_provider` and `ort_dtype` fixtures, and `OrtDiff`: the checker bound to one
+(provider, dtype). Cheap to import: torch and onnxruntime load when a check runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .dtypes import dtype_of
+from .tolerance import Tolerance
+
+if TYPE_CHECKING:
+    from .diff import DiffReport
+
+__all__ = ["OrtDiff", "OrtDiffFailure", "_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
+
+RESULT_KEY = "ortdiff"
+SKIP_KEY = "ortdiff_skip"
+
+
+class OrtDiffFailure(AssertionError):
+    """A check broke its tolerance; the message is the rendered report."""
+
+
+class OrtDiff:
+    """Runs models on one (provider, dtype) and judges torch evaluator vs onnxruntime.
+
+    - `run(model, feeds, runtime="ort"|"torch"|"float64")`: the outputs as torch tensors.
+    - `compare(expected, got)`: a DiffReport with this test's thresholds and tolerance.
+    - `check(model, feeds, *, tolerance=None)`: torch evaluator (expected) vs onnxruntime (got) on this
+      provider; fails the test with the report when the tolerance is broken, returns the report otherwise.
+    """
+
+    def __init__(self, provider: str, dtype: str, tolerance: Tolerance | None = None, node: Any = None) -> None:
+        self.provider = provider
+        self.dtype = dtype_of(dtype).short
+        self.tolerance = (tolerance or Tolerance()).for_dtype(self.dtype)
+        self._node = node
+        self.reports: list[DiffReport] = []
+
+    def __repr__(self) -> str:
+        return f"OrtDiff(provider={self.provider!r}, dtype={self.dtype!r}, tolerance={self.tolerance.describe()!r})"
+
+    @property
+    def device(self) -> str:
+        from .providers import torch_device
+
+        return torch_device(self.provider)
+
+    @property
+    def torch_dtype(self) -> Any:
+        return dtype_of(self.dtype).torch
+
+    # -- running -----------------------------------------------------------------------------
+    def run(self, model: Any, feeds: Mapping[str, Any], runtime: str = "ort", output_names: Sequence[str] | None = None) -> list[Any]:
+        """Outputs of `model` on this provider: `runtime` is "ort" (onnxruntime), "torch" (the torch
+        evaluator on the provider's device) or "float64" (the torch evaluator as float64 oracle)."""
+        if runtime == "ort":
+            from .runtimes.ort import OrtRunner, UnsupportedByProviderError
+
+            try:
+                return OrtRunner(model, provider=self.provider).run(output_names, feeds)
+            except UnsupportedByProviderError as exc:
+                self._skip_unsupported(exc)
+        if runtime in ("torch", "float64"):
+            import torch
+
+            from .runtimes.evaluator import TorchEvaluator
+
+            ev = TorchEvaluator(model, device=self.device, compute_dtype=torch.float64 if runtime == "float64" else None)
+            return ev.run(output_names, feeds)
+        raise ValueError(f"runtime must be 'ort', 'torch' or 'float64', got {runtime!r}")
+
+    def _skip_unsupported(self, exc: Any) -> None:
+        reason = f"{self.provider}-{self.dtype}: {exc.op} unsupported by onnxruntime {exc.provider}"
+        if self._node is not None:
+            self._node.user_properties.append((SKIP_KEY, {"provider": self.provider, "dtype": self.dtype, "reason": reason}))
+        pytest.skip(reason)
+
+    # -- judging -----------------------------------------------------------------------------
+    def _tolerance(self, tolerance: Tolerance | Mapping[str, Any] | None) -> Tolerance:
+        if tolerance is None:
+            return self.tolerance
+        if isinstance(tolerance, Mapping):
+            tolerance = Tolerance(**tolerance)
+        return tolerance.for_dtype(self.dtype)
+
+    def compare(self, expected: Any, got: Any, *, tolerance: Tolerance | Mapping[str, Any] | None = None, names: Sequence[str] | None = None) -> DiffReport:
+        """A DiffReport whose histogram includes this test's budget thresholds and allclose count."""
+        from .diff import DEFAULT_THRESHOLDS, compare
+
+        tol = self._tolerance(tolerance)
+        if names is not None and isinstance(expected, list | tuple):
+            expected = dict(zip(names, expected, strict=True))
+            got = dict(zip(names, got, strict=True))
+        return compare(expected, got, thresholds=sorted(set(DEFAULT_THRESHOLDS) | set(tol.thresholds)), tolerance=tol.allclose)
+
+    def check(self, model: Any, feeds: Mapping[str, Any], *, tolerance: Tolerance | Mapping[str, Any] | None = None) -> DiffReport:
+        """torch evaluator (expected) vs onnxruntime (got) on this provider × dtype; fails with the report."""
+        __tracebackhide__ = True
+        from .runtimes.ort import load_model
+
+        m = load_model(model)
+        names = [o.name for o in m.graph.output]
+        got = self.run(m, feeds, runtime="ort")
+        expected = self.run(m, feeds, runtime="torch")
+        tol = self._tolerance(tolerance)
+        report = self.compare(expected, got, tolerance=tol, names=names)
+        violations = tol.check(report)
+        self._record(report, tol, not violations)
+        if violations:
+            lines = [f"ortdiff: torch evaluator vs onnxruntime {self.provider} {self.dtype}: tolerance broken ({tol.describe()})"]
+            lines += [f"  - {v}" for v in violations]
+            lines.append(report.render())
+            raise OrtDiffFailure("\n".join(lines))
+        return report
+
+    def _record(self, report: DiffReport, tol: Tolerance, passed: bool) -> None:
+        from .report import worst_budget_line
+
+        self.reports.append(report)
+        if self._node is None:
+            return
+        self._node.user_properties.append(
+            (
+                RESULT_KEY,
+                {
+                    "provider": self.provider,
+                    "dtype": self.dtype,
+                    "max_abs": report.max_abs,
+                    "max_rel": report.max_rel,
+                    "max_ulp": report.max_ulp,
+                    "worst": worst_budget_line(report, tol.budget),  # type: ignore[arg-type]
+                    "passed": passed,
+                    "tolerance": tol.describe(),
+                    "report": report.to_dict(),
+                },
+            )
+        )
+
+
+@pytest.fixture
+def _ortdiff_case(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(provider, dtype) of this test case; the plugin parametrizes it (indirectly) for every test that
+    uses any of the ortdiff fixtures, so ids read `[CPU-float16]` whichever of them a test asks for."""
+    return getattr(request, "param", ("CPU", "float32"))
+
+
+@pytest.fixture
+def ort_provider(_ortdiff_case: tuple[str, str]) -> str:
+    """The provider of this test case (CPU, CUDA, ...), from `--ort-providers` × the ortdiff marker."""
+    return _ortdiff_case[0]
+
+
+@pytest.fixture
+def ort_dtype(_ortdiff_case: tuple[str, str]) -> str:
+    """The dtype of this test case (float32, float16, ...), from `--ort-dtypes` × the ortdiff marker."""
+    return _ortdiff_case[1]
+
+
+@pytest.fixture
+def ortdiff(request: pytest.FixtureRequest, ort_provider: str, ort_dtype: str) -> OrtDiff:
+    """An `OrtDiff` bound to this test's provider and dtype, with the marker's tolerance."""
+    marker = request.node.get_closest_marker("ortdiff")
+    tol = Tolerance.from_marker(marker.kwargs) if marker else Tolerance()
+    return OrtDiff(ort_provider, ort_dtype, tol, node=request.node)

@@ -1,0 +1,290 @@
+"""pytest hooks only: options and ini, the ortdiff marker, provider × dtype parametrization, skips,
+and the terminal summary. Imports neither torch nor onnxruntime at import time."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .dtypes import TESTABLE, parse_dtype
+from .fixtures import RESULT_KEY, SKIP_KEY, _ortdiff_case, ort_dtype, ort_provider, ortdiff
+from .providers import parse_provider
+from .tolerance import Tolerance
+
+__all__ = ["_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
+
+_FIXTURES = ("ortdiff", "ort_provider", "ort_dtype")  # all depend on _ortdiff_case
+_MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget")
+DEFAULT_PROVIDERS = ("CPU",)
+DEFAULT_DTYPES = ("float32",)
+
+
+@dataclass
+class _State:
+    providers: tuple[str, ...] = DEFAULT_PROVIDERS
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    explicit_providers: frozenset[str] = frozenset()
+    providers_given: bool = False
+    dtypes_given: bool = False
+    skip_unavailable: bool = False
+    show_reports: bool = False
+    json_path: str | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    skips: list[dict[str, Any]] = field(default_factory=list)
+
+
+STATE = pytest.StashKey[_State]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ortdiff", "numerical diff of ONNX models: torch vs onnxruntime per provider × dtype")
+    group.addoption(
+        "--ort-providers",
+        dest="ort_providers",
+        default=None,
+        help="comma list of providers to test: CPU, CUDA, TensorRT, ... or full EP names; 'available' = all "
+        "that onnxruntime offers here (default: CPU; ini: ortdiff_providers)",
+    )
+    group.addoption(
+        "--ort-dtypes",
+        dest="ort_dtypes",
+        default=None,
+        help=f"comma list of dtypes to test: {', '.join(TESTABLE)} (default: float32; ini: ortdiff_dtypes)",
+    )
+    group.addoption(
+        "--ort-skip-unavailable",
+        dest="ort_skip_unavailable",
+        action="store_true",
+        default=None,
+        help="skip, instead of failing the run, when a provider named in --ort-providers is unavailable here",
+    )
+    group.addoption(
+        "--ortdiff-reports",
+        dest="ortdiff_reports",
+        action="store_true",
+        default=None,
+        help="print the full diff report (histogram) of every check in the summary, passing ones too",
+    )
+    group.addoption(
+        "--ortdiff-json",
+        dest="ortdiff_json",
+        default=None,
+        metavar="PATH",
+        help="write every check's result and report as JSON to PATH (one file per CI job)",
+    )
+    parser.addini("ortdiff_providers", "comma list of providers (as --ort-providers)", default="")
+    parser.addini("ortdiff_dtypes", "comma list of dtypes (as --ort-dtypes)", default="")
+    parser.addini("ortdiff_skip_unavailable", "skip unavailable providers (as --ort-skip-unavailable)", type="bool", default=False)
+    parser.addini("ortdiff_reports", "print every check's report (as --ortdiff-reports)", type="bool", default=False)
+
+
+def _split(value: str | None) -> list[str]:
+    if not value:
+        return []
+    return [v.strip() for v in value.replace(";", ",").split(",") if v.strip()]
+
+
+def _parse_providers(names: list[str], source: str) -> tuple[list[str], bool]:
+    """Short names, and whether 'available' was asked for."""
+    out: list[str] = []
+    wants_available = False
+    for name in names:
+        if name.lower() == "available":
+            wants_available = True
+            from .providers import available
+
+            out.extend(p for p in available() if p not in out)
+            continue
+        try:
+            p = parse_provider(name)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{source}: {exc}") from None
+        if p not in out:
+            out.append(p)
+    return out, wants_available
+
+
+def _parse_dtypes(names: list[str], source: str) -> list[str]:
+    out: list[str] = []
+    for name in names:
+        try:
+            d = parse_dtype(name).short
+        except ValueError as exc:
+            raise pytest.UsageError(f"{source}: {exc}") from None
+        if d not in TESTABLE:
+            raise pytest.UsageError(f"{source}: {d} is not a floating dtype to test; valid: {', '.join(TESTABLE)}")
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "ortdiff(providers=None, dtypes=None, atol=None, rtol=None, max_ulp=None, budget=None): run the test "
+        "for each provider × dtype (intersected with --ort-providers/--ort-dtypes) and set its tolerance; "
+        "values may be per dtype, e.g. atol={'float16': 0.5}; budget={1e-2: 0.001, 1.0: 0} allows 0.1 % of "
+        "elements above 1e-2 and none above 1",
+    )
+    state = _State()
+    cli_p = config.getoption("ort_providers")
+    ini_p = config.getini("ortdiff_providers")
+    source = "--ort-providers" if cli_p else "ini ortdiff_providers"
+    names = _split(cli_p) or _split(ini_p)
+    state.skip_unavailable = bool(config.getoption("ort_skip_unavailable") or config.getini("ortdiff_skip_unavailable"))
+    if names:
+        providers, wants_available = _parse_providers(names, source)
+        state.providers = tuple(providers)
+        state.providers_given = True
+        state.explicit_providers = frozenset(p for p in providers) if not wants_available else frozenset(
+            parse_provider(n) for n in names if n.lower() != "available"
+        )
+        if not providers:
+            raise pytest.UsageError(f"{source}={','.join(names)}: onnxruntime offers no provider here; install pytest-ortdiff[cpu] or [gpu]")
+        if not state.skip_unavailable:
+            from .providers import unavailable_reason
+
+            for p in state.explicit_providers:
+                reason = unavailable_reason(p)
+                if reason:
+                    raise pytest.UsageError(f"{source}: {reason}. Drop it, or pass --ort-skip-unavailable to skip its tests instead of failing the run")
+    d_cli = config.getoption("ort_dtypes")
+    d_names = _split(d_cli) or _split(config.getini("ortdiff_dtypes"))
+    if d_names:
+        state.dtypes = tuple(_parse_dtypes(d_names, "--ort-dtypes" if d_cli else "ini ortdiff_dtypes"))
+        state.dtypes_given = True
+    state.show_reports = bool(config.getoption("ortdiff_reports") or config.getini("ortdiff_reports"))
+    state.json_path = config.getoption("ortdiff_json")
+    config.stash[STATE] = state
+    config.pluginmanager.register(_Collector(state), "ortdiff-collector")
+
+
+# -- parametrization ---------------------------------------------------------------------------
+
+
+def _marker_list(value: Any, kind: str, test: str) -> list[str]:
+    if isinstance(value, str):
+        value = _split(value)
+    if not isinstance(value, list | tuple) or not value:
+        pytest.fail(f"@pytest.mark.ortdiff on {test}: {kind} must be a non-empty list such as ['CPU', 'CUDA'], got {value!r}", pytrace=False)
+    out = []
+    for name in value:
+        try:
+            out.append(parse_provider(name) if kind == "providers" else parse_dtype(name).short)
+        except ValueError as exc:
+            pytest.fail(f"@pytest.mark.ortdiff on {test}: {exc}", pytrace=False)
+    return out
+
+
+def _validate_marker(marker: pytest.Mark, test: str) -> None:
+    if marker.args:
+        pytest.fail(f"@pytest.mark.ortdiff on {test} takes keyword arguments only ({', '.join(_MARKER_KWARGS)}), got positional {marker.args!r}", pytrace=False)
+    unknown = sorted(set(marker.kwargs) - set(_MARKER_KWARGS))
+    if unknown:
+        pytest.fail(f"@pytest.mark.ortdiff on {test}: unknown argument(s) {unknown}; valid: {', '.join(_MARKER_KWARGS)}", pytrace=False)
+    try:
+        Tolerance.from_marker(marker.kwargs)
+    except (TypeError, ValueError) as exc:
+        pytest.fail(f"@pytest.mark.ortdiff on {test}: {exc}", pytrace=False)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("ortdiff")
+    uses = any(f in metafunc.fixturenames for f in _FIXTURES)
+    test = metafunc.definition.nodeid
+    if marker is not None:
+        _validate_marker(marker, test)
+        if not uses:
+            pytest.fail(f"@pytest.mark.ortdiff on {test}, which uses none of the fixtures {', '.join(_FIXTURES)}: add the `ortdiff` argument", pytrace=False)
+    if not uses:
+        return
+    state = metafunc.config.stash[STATE]
+    providers = list(state.providers)
+    dtypes = list(state.dtypes)
+    if marker is not None:
+        if "providers" in marker.kwargs:
+            wanted = _marker_list(marker.kwargs["providers"], "providers", test)
+            providers = [p for p in providers if p in wanted] if state.providers_given else wanted
+        if "dtypes" in marker.kwargs:
+            wanted = _marker_list(marker.kwargs["dtypes"], "dtypes", test)
+            dtypes = [d for d in dtypes if d in wanted] if state.dtypes_given else wanted
+    params = [pytest.param((p, d), id=f"{p}-{d}") for p in providers for d in dtypes]
+    if not params:
+        reason = f"no provider × dtype left: marker asks for {marker.kwargs.get('providers', 'any')} × {marker.kwargs.get('dtypes', 'any')}, the run selects {list(state.providers)} × {list(state.dtypes)}" if marker else "no provider × dtype selected"
+        params = [pytest.param(("-", "-"), id="ortdiff-none", marks=pytest.mark.skip(reason=reason))]
+    metafunc.parametrize("_ortdiff_case", params, indirect=True)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "_ortdiff_case" not in callspec.params:
+        return
+    provider, dtype = callspec.params["_ortdiff_case"]
+    if provider == "-":
+        return
+    from .providers import unavailable_reason
+
+    reason = unavailable_reason(provider)
+    if reason:
+        # explicit ones were checked at start-up unless --ort-skip-unavailable: here we only skip
+        item.user_properties.append((SKIP_KEY, {"provider": provider, "dtype": dtype, "reason": reason}))
+        pytest.skip(reason)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+class _Collector:
+    """Receives test reports (on the xdist controller too) and keeps the ortdiff rows in the state."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for key, value in report.user_properties:
+            if key == RESULT_KEY and report.when == "call":
+                row = dict(value)
+                row["test"] = report.nodeid
+                row["outcome"] = "passed" if row.get("passed") else "failed"
+                self.state.results.append(row)
+            elif key == SKIP_KEY and report.skipped:
+                self.state.skips.append({**value, "test": report.nodeid})
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from .report import render_table
+
+    state = config.stash[STATE]
+    if not state.results and not state.skips:
+        return
+    tr = terminalreporter
+    if state.results:
+        tr.write_sep("=", "ortdiff summary")
+        for line in render_table(state.results).splitlines():
+            tr.write_line(line)
+    if state.skips:
+        tr.write_sep("-", "ortdiff: holes in the provider × dtype matrix")
+        grouped: dict[str, int] = {}
+        for s in state.skips:
+            grouped[s["reason"]] = grouped.get(s["reason"], 0) + 1
+        for reason, count in sorted(grouped.items()):
+            tr.write_line(f"{count} test(s) skipped: {reason}")
+    if state.show_reports and state.results:
+        from .diff import DiffReport
+
+        tr.write_sep("-", "ortdiff reports")
+        for row in state.results:
+            tr.write_line(f"{row['test']} ({row['outcome']}; tolerance {row.get('tolerance', '-')})")
+            tr.write_line(DiffReport.from_dict(row["report"]).render())
+            tr.write_line("")
+    if state.json_path:
+        path = Path(state.json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps({"results": state.results, "skips": state.skips}, indent=1))
+        tmp.replace(path)
+        tr.write_line(f"ortdiff: wrote {len(state.results)} result(s) to {path}")

@@ -1,0 +1,217 @@
+"""OrtRunner: onnxruntime sessions cached per (model, provider, options), torch tensors in and out.
+
+Values cross through IO binding and DLPack, so CUDA outputs stay on the GPU and CPU ones are not copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from ..providers import KNOWN, parse_provider, unavailable_reason
+from .tensors import to_numpy, to_torch
+
+__all__ = ["OrtRunner", "ProviderUnavailableError", "UnsupportedByProviderError", "load_model", "model_bytes"]
+
+
+class UnsupportedByProviderError(RuntimeError):
+    """onnxruntime has no kernel for an op at this dtype on this provider (NOT_IMPLEMENTED)."""
+
+    def __init__(self, provider: str, op: str, message: str) -> None:
+        self.provider = provider
+        self.op = op
+        super().__init__(f"onnxruntime {KNOWN.get(provider, provider)} has no kernel for {op}: {message}")
+
+
+class ProviderUnavailableError(RuntimeError):
+    """The provider cannot run here (not built in, no device, or fell back to another one)."""
+
+
+def load_model(model: Any) -> onnx.ModelProto:
+    """A ModelProto from a ModelProto, a path, or serialized bytes."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, bytes | bytearray):
+        return onnx.load_model_from_string(bytes(model))
+    if isinstance(model, str | Path):
+        path = Path(model)
+        if not path.exists():
+            raise FileNotFoundError(f"model file {str(path)!r} does not exist")
+        return onnx.load(str(path))
+    raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def model_bytes(model: Any) -> bytes:
+    if isinstance(model, bytes | bytearray):
+        return bytes(model)
+    if isinstance(model, str | Path):
+        return Path(model).read_bytes()
+    return load_model(model).SerializeToString()
+
+
+_NOT_IMPL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+
+# one process-wide cache: tests build the same tiny models again and again
+_SESSIONS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_SESSIONS_MAX = 64
+_LOCK = threading.Lock()
+
+
+def _options_key(options: Any) -> Any:
+    if options is None:
+        return None
+    if isinstance(options, Mapping):
+        return tuple(sorted((k, repr(v)) for k, v in options.items()))
+    return ("id", id(options))
+
+
+def _make_options(options: Any) -> Any:
+    import onnxruntime
+
+    if options is None or isinstance(options, onnxruntime.SessionOptions):
+        return options
+    so = onnxruntime.SessionOptions()
+    for key, value in options.items():
+        if key == "graph_optimization_level" and isinstance(value, str | int):
+            value = _opt_level(value)
+        if not hasattr(so, key):
+            raise ValueError(f"unknown session option {key!r}; e.g. intra_op_num_threads, graph_optimization_level, use_deterministic_compute")
+        setattr(so, key, value)
+    return so
+
+
+def _opt_level(value: str | int) -> Any:
+    import onnxruntime
+
+    levels = {
+        "disable": onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    if isinstance(value, int):
+        return onnxruntime.GraphOptimizationLevel(value)
+    try:
+        return levels[value.lower()]
+    except KeyError:
+        raise ValueError(f"graph_optimization_level {value!r}; valid: {', '.join(levels)}") from None
+
+
+class OrtRunner:
+    """Runs a model with onnxruntime on one provider.
+
+    `run(output_names, feeds)`: feeds are torch tensors or numpy arrays (dict name -> value); outputs come
+    back as torch tensors, on the GPU for CUDA-like providers.
+    """
+
+    def __init__(self, model: Any, provider: str = "CPU", session_options: Any = None, provider_options: Mapping[str, Any] | None = None) -> None:
+        self.provider = parse_provider(provider)
+        self.model_bytes = model_bytes(model)
+        self.session_options = session_options
+        self.provider_options = dict(provider_options or {})
+        self._session: Any = None
+        self.device = torch.device("cuda", int(self.provider_options.get("device_id", 0))) if self.provider in ("CUDA", "TensorRT") else torch.device("cpu")
+
+    @property
+    def session(self) -> Any:
+        if self._session is None:
+            self._session = self._get_session()
+        return self._session
+
+    def _get_session(self) -> Any:
+        digest = hashlib.sha1(self.model_bytes).hexdigest()
+        key = (digest, self.provider, _options_key(self.session_options), tuple(sorted(self.provider_options.items())))
+        with _LOCK:
+            sess = _SESSIONS.get(key)
+            if sess is not None:
+                _SESSIONS.move_to_end(key)
+                return sess
+        sess = self._create()
+        with _LOCK:
+            _SESSIONS[key] = sess
+            while len(_SESSIONS) > _SESSIONS_MAX:
+                _SESSIONS.popitem(last=False)
+        return sess
+
+    def _create(self) -> Any:
+        import onnxruntime
+
+        reason = unavailable_reason(self.provider)
+        if reason:
+            raise ProviderUnavailableError(reason)
+        ep = KNOWN[self.provider]
+        providers: list[Any] = [(ep, self.provider_options) if self.provider_options else ep]
+        if ep != "CPUExecutionProvider":
+            providers.append("CPUExecutionProvider")  # nodes the EP lacks fall back, as in production
+        try:
+            sess = onnxruntime.InferenceSession(self.model_bytes, sess_options=_make_options(self.session_options), providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception classes per status code
+            m = _NOT_IMPL.search(str(exc))
+            if m:
+                raise UnsupportedByProviderError(self.provider, f"{m.group(1)}({m.group(2)})", str(exc).strip()) from None
+            raise
+        if ep not in sess.get_providers():
+            raise ProviderUnavailableError(f"onnxruntime fell back from {ep} to {sess.get_providers()}: the EP failed to load here")
+        return sess
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.session.get_inputs()]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.session.get_outputs()]
+
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[torch.Tensor]:
+        sess = self.session
+        names = list(output_names) if output_names else self.output_names
+        _check_feed_names(self.input_names, feeds)
+        import onnxruntime
+
+        if hasattr(onnxruntime.OrtValue, "from_dlpack"):
+            return self._run_bound(sess, names, feeds)
+        return self._run_numpy(sess, names, feeds)
+
+    def _run_bound(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
+        import onnxruntime
+
+        binding = sess.io_binding()
+        keep = []
+        for name, value in feeds.items():
+            t = to_torch(value)
+            if self.device.type == "cuda" and t.device.type != "cuda":
+                t = t.to(self.device)
+            t = t.contiguous()
+            keep.append(t)
+            binding.bind_ortvalue_input(name, onnxruntime.OrtValue.from_dlpack(t))
+        dev = "cuda" if self.device.type == "cuda" else "cpu"
+        for name in names:
+            binding.bind_output(name, dev, self.device.index or 0)
+        sess.run_with_iobinding(binding)
+        outs = binding.get_outputs()
+        return [torch.from_dlpack(o) for o in outs]
+
+    def _run_numpy(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
+        np_feeds = {k: to_numpy(v) for k, v in feeds.items()}
+        outs = sess.run(names, np_feeds)
+        return [to_torch(o, self.device if self.device.type == "cuda" else None) for o in outs]
+
+
+def _check_feed_names(expected: Sequence[str], feeds: Mapping[str, Any]) -> None:
+    missing = [n for n in expected if n not in feeds]
+    extra = [n for n in feeds if n not in expected]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing feeds {missing}")
+        if extra:
+            parts.append(f"unknown feeds {extra}")
+        raise ValueError(f"{'; '.join(parts)}; the model's inputs are {list(expected)}")

@@ -1,0 +1,59 @@
+"""One ONNX node run by onnxruntime, usable as a kernel inside TorchEvaluator.
+
+The node becomes a one-node model with symbolic dims, so one session serves every shape of a rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import onnx
+import onnx.helper as oh
+import torch
+
+from ..dtypes import dtype_of
+from .kernels.base import Kernel, KernelContext
+from .ort import OrtRunner
+
+__all__ = ["OrtKernel"]
+
+
+class OrtKernel(Kernel):
+    """Runs its node with onnxruntime on the provider matching the evaluator's device."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext, opsets: Mapping[str, int], value_types: Mapping[str, Any] | None = None) -> None:
+        super().__init__(node, ctx)
+        self.op_type = node.op_type  # type: ignore[misc]
+        self.opsets = dict(opsets)
+        self.provider = "CUDA" if ctx.device.type == "cuda" else "CPU"
+        self._runners: dict[tuple[Any, ...], tuple[OrtRunner, list[str], list[str]]] = {}
+
+    def _runner(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[OrtRunner, list[str], list[str]]:
+        key = tuple((x.dtype, x.dim()) if x is not None else None for x in inputs)
+        hit = self._runners.get(key)
+        if hit is not None:
+            return hit
+        node = self.node
+        in_names = [f"i{i}" if x is not None else "" for i, x in enumerate(inputs)]
+        out_names = [f"o{i}" if o else "" for i, o in enumerate(node.output)]
+        graph_inputs = [
+            oh.make_tensor_value_info(n, dtype_of(x.dtype).onnx, [f"d{i}_{j}" for j in range(x.dim())])
+            for i, (n, x) in enumerate(zip(in_names, inputs, strict=True))
+            if x is not None
+        ]
+        graph_outputs = [oh.make_empty_tensor_value_info(n) for n in out_names if n]
+        one = oh.make_node(node.op_type, in_names, out_names, domain=node.domain, name=node.name or node.op_type)
+        one.attribute.extend(node.attribute)
+        opsets = [oh.make_opsetid(d, v) for d, v in self.opsets.items()]
+        model = oh.make_model(oh.make_graph([one], f"single_{node.op_type}", graph_inputs, graph_outputs), opset_imports=opsets, ir_version=9)
+        runner = OrtRunner(model, provider=self.provider)
+        hit = (runner, [n for n in in_names if n], [n for n in out_names if n])
+        self._runners[key] = hit
+        return hit
+
+    def run(self, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        runner, in_names, out_names = self._runner(inputs)
+        feeds = dict(zip(in_names, [x for x in inputs if x is not None], strict=True))
+        outs = iter(runner.run(out_names, feeds))
+        return tuple(next(outs) if o else torch.empty(0) for o in self.node.output)

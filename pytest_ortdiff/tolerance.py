@@ -1,0 +1,244 @@
+"""Tolerance: atol/rtol (numpy semantics), max ULP and a histogram budget; judges a DiffReport.
+
+Values may be per dtype (`atol={"float16": 0.5, "float32": 1e-4}`); `for_dtype` resolves them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .dtypes import DType, dtype_of, parse_dtype
+
+__all__ = ["Tolerance", "Violation"]
+
+_Number = float | int
+_PerDtype = _Number | Mapping[str, _Number] | None
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule, with a sentence a person reads in the failure report."""
+
+    rule: str  # "allclose", "max_ulp", "budget", "nan", "inf"
+    message: str
+    output: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.output}: {self.message}" if self.output else self.message
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What a test accepts.
+
+    - `atol`, `rtol`: numpy's allclose, `|expected - got| <= atol + rtol * |expected|` for every element.
+    - `max_ulp`: at most this many units in the last place of the compared dtype.
+    - `budget`: `{threshold: fraction}`, e.g. `{1e-2: 0.001, 1.0: 0}` = at most 0.1 % of elements off by
+      more than 1e-2 and none by more than 1.
+    NaN/Inf mismatches always violate. When none of the four is given, the dtype's default atol/rtol
+    apply (see `DType.default_atol`); a test that states any rule gets only the rules it states.
+    """
+
+    atol: _PerDtype = None
+    rtol: _PerDtype = None
+    max_ulp: _PerDtype = None
+    budget: Mapping[float, float] | Mapping[str, Mapping[float, float]] | None = None
+    dtype: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("atol", "rtol", "max_ulp"):
+            _validate_value(name, getattr(self, name))
+        if self.budget is not None:
+            if not isinstance(self.budget, Mapping):
+                raise TypeError(f"budget must be a dict {{threshold: fraction}}, e.g. {{1e-2: 0.001, 1.0: 0}}; got {self.budget!r}")
+            if _is_per_dtype(self.budget):
+                for key, b in self.budget.items():
+                    parse_dtype(str(key))
+                    _validate_budget(b)  # type: ignore[arg-type]
+            else:
+                _validate_budget(self.budget)  # type: ignore[arg-type]
+
+    # -- resolution --------------------------------------------------------------------------
+    @property
+    def is_empty(self) -> bool:
+        return self.atol is None and self.rtol is None and self.max_ulp is None and self.budget is None
+
+    def for_dtype(self, dtype: Any) -> Tolerance:
+        """Concrete numbers for one dtype: per-dtype dicts resolved, defaults filled in."""
+        dt = dtype_of(dtype)
+        if self.is_empty:
+            return Tolerance(atol=dt.default_atol, rtol=dt.default_rtol, dtype=dt.short)
+        atol = _pick(self.atol, dt)
+        rtol = _pick(self.rtol, dt)
+        if (atol is None) != (rtol is None) and (atol is not None or rtol is not None):
+            # one of the pair given: the other is 0, as in numpy's allclose with an explicit atol
+            atol = 0.0 if atol is None else atol
+            rtol = 0.0 if rtol is None else rtol
+        budget = self.budget
+        if budget is not None and _is_per_dtype(budget):
+            budget = _pick(budget, dt)  # type: ignore[arg-type]
+        return Tolerance(atol=atol, rtol=rtol, max_ulp=_pick(self.max_ulp, dt), budget=budget, dtype=dt.short)
+
+    @property
+    def allclose(self) -> tuple[float, float] | None:
+        """(atol, rtol) for `compare(..., tolerance=)`, once resolved for a dtype; None if not used."""
+        if self.atol is None and self.rtol is None:
+            return None
+        if isinstance(self.atol, Mapping) or isinstance(self.rtol, Mapping):
+            raise ValueError("per-dtype tolerance: call .for_dtype(dtype) first")
+        return (float(self.atol or 0.0), float(self.rtol or 0.0))
+
+    @property
+    def thresholds(self) -> tuple[float, ...]:
+        """Budget thresholds, to be added to the histogram."""
+        if not self.budget or _is_per_dtype(self.budget):
+            return ()
+        return tuple(float(t) for t in self.budget)
+
+    # -- judging -----------------------------------------------------------------------------
+    def check(self, report: Any) -> list[Violation]:
+        """The rules `report` breaks (empty list: it passes), one sentence each, per output.
+
+        The allclose rule needs the report to have been computed with `compare(...,
+        tolerance=self.allclose)`; the budget needs its thresholds in the report's histogram.
+        """
+        out: list[Violation] = []
+        for leaf in report.leaves():
+            tol = self if self.dtype is not None and self.dtype == leaf.dtype else self.for_dtype(leaf.dtype)
+            out.extend(tol._check_leaf(leaf))
+        return out
+
+    def _check_leaf(self, r: Any) -> list[Violation]:
+        out: list[Violation] = []
+        name = r.name
+        n = r.n
+        if r.nan_mismatch:
+            out.append(Violation("nan", f"{r.nan_mismatch:,} of {n:,} elements are NaN on one side only", name))
+        if r.inf_mismatch:
+            out.append(Violation("inf", f"{r.inf_mismatch:,} of {n:,} elements are infinite on one side only (or of opposite sign)", name))
+        pair = self.allclose
+        if pair is not None:
+            if r.tolerance is None or tuple(r.tolerance) != pair:
+                raise ValueError(
+                    f"this report was computed for tolerance {r.tolerance}, not (atol, rtol)={pair}: "
+                    f"call compare(expected, got, tolerance={pair}) so the allclose count is made in the same pass"
+                )
+            if r.out_of_tolerance:
+                atol, rtol = pair
+                at = ""
+                if r.argmax is not None:
+                    at = f"; worst at {_fmt_index(r.argmax)}: expected {_g(r.expected_at_max)}, got {_g(r.got_at_max)} (|diff| {_g(r.max_abs)})"
+                out.append(
+                    Violation(
+                        "allclose",
+                        f"{r.out_of_tolerance:,} of {n:,} elements ({_pct(r.out_of_tolerance, n)}) exceed atol={_g(atol)} + rtol={_g(rtol)}*|expected|{at}",
+                        name,
+                    )
+                )
+        if self.max_ulp is not None and r.max_ulp > float(self.max_ulp):  # type: ignore[arg-type]
+            out.append(Violation("max_ulp", f"max ULP error {_g(r.max_ulp)} exceeds max_ulp={_g(self.max_ulp)}", name))
+        if self.budget:
+            for t, frac in sorted(self.budget.items()):  # type: ignore[union-attr]
+                t = float(t)
+                if t not in r.counts:
+                    raise ValueError(f"budget threshold {t:g} is not in the report's histogram; pass thresholds including it to compare()")
+                c = r.counts[t]
+                allowed = float(frac) * n
+                if c > allowed:
+                    out.append(
+                        Violation(
+                            "budget",
+                            f"{c:,} of {n:,} elements ({_pct(c, n)}) exceed {_g(t)}; budget allows {_pct_frac(frac)}",
+                            name,
+                        )
+                    )
+        return out
+
+    def describe(self) -> str:
+        parts = []
+        if self.atol is not None or self.rtol is not None:
+            parts.append(f"atol={_g(self.atol)} rtol={_g(self.rtol)}")
+        if self.max_ulp is not None:
+            parts.append(f"max_ulp={_g(self.max_ulp)}")
+        if self.budget:
+            parts.append("budget " + ", ".join(f">{_g(t)}: {_pct_frac(f)}" for t, f in sorted(self.budget.items())))  # type: ignore[union-attr]
+        return "; ".join(parts) or "defaults"
+
+    @classmethod
+    def from_marker(cls, kwargs: Mapping[str, Any]) -> Tolerance:
+        return cls(**{k: kwargs[k] for k in ("atol", "rtol", "max_ulp", "budget") if k in kwargs})
+
+    def merged(self, other: Tolerance | None) -> Tolerance:
+        """`other`'s rules where it states them, ours elsewhere (call-site over marker over ini)."""
+        if other is None or other.is_empty:
+            return self
+        return other
+
+
+def _is_per_dtype(value: Any) -> bool:
+    return isinstance(value, Mapping) and bool(value) and all(isinstance(k, str) for k in value)
+
+
+def _pick(value: Any, dt: DType) -> Any:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if parse_dtype(str(k)) == dt:
+                return v
+        return None
+    return value
+
+
+def _validate_value(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            try:
+                parse_dtype(str(k))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+            _validate_value(name, v)
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number or a dict {{dtype: number}}, got {value!r}")
+
+
+def _validate_budget(budget: Mapping[Any, Any]) -> None:
+    for t, frac in budget.items():
+        try:
+            t = float(t)
+            frac = float(frac)
+        except (TypeError, ValueError):
+            raise ValueError(f"budget must map thresholds to fractions, e.g. {{1e-2: 0.001}}; got {dict(budget)!r}") from None
+        if t < 0 or math.isnan(t):
+            raise ValueError(f"budget threshold must be >= 0, got {t}")
+        if not 0 <= frac <= 1:
+            raise ValueError(f"budget fraction for {t:g} must be between 0 and 1 (0.001 = 0.1 %), got {frac}")
+
+
+def _g(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k}: {_g(v)}" for k, v in x.items()) + "}"
+    return f"{float(x):.3g}"
+
+
+def _pct(c: int, n: int) -> str:
+    return _pct_frac(c / n if n else 0.0)
+
+
+def _pct_frac(frac: float) -> str:
+    p = float(frac) * 100
+    if p == 0:
+        return "0 %"
+    if p >= 0.01:
+        return f"{p:.2f} %"
+    return f"{p:.2g} %"
+
+
+def _fmt_index(idx: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(i) for i in idx) + ")"
