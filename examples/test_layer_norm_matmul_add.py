@@ -11,15 +11,15 @@ import pytest
 
 from pytest_ortdiff import models
 
-# tolerances a user of this graph would choose: values are ~285 (LayerNorm output ~N(0.5, 0.3) through a
-# 1152-long dot product), so float32 differences of a few 1e-4 are reduction-order noise and float16
-# differences of one or two ULPs (0.25-0.5 at 256-512) are expected; anything past that is a finding.
+# Tolerances a user of this graph would choose. Outputs are ~285 (a 1152-long dot product of LayerNorm
+# outputs), so one float16 ULP there is 0.25 and float32 reduction-order noise is a few 1e-4:
+# float32: <= 64 ULPs, under 1 % of elements off by more than 1e-4, none by more than 1e-3;
+# float16: <= 2 ULPs, at most half of the elements off by more than 0.1 (one ULP), none by more than 0.5.
 @pytest.mark.ortdiff(
     providers=["CPU", "CUDA"],
     dtypes=["float32", "float16"],
-    atol={"float32": 1e-3, "float16": 0.0},
-    rtol={"float32": 1e-5, "float16": 2 * 2**-10},
-    budget={"float32": {1e-3: 0.0, 1e-2: 0.0}, "float16": {0.25: 0.5, 1.0: 0.0}},
+    max_ulp={"float32": 64, "float16": 2},
+    budget={"float32": {1e-4: 0.01, 1e-3: 0.0}, "float16": {0.1: 0.5, 0.5: 0.0}},
 )
 def test_layer_norm_matmul_add(ortdiff):
     # the seed's sizes: batch 2 on CPU (too long otherwise), 32 on CUDA

@@ -74,7 +74,9 @@ class OrtDiff:
         raise ValueError(f"runtime must be 'ort', 'torch' or 'float64', got {runtime!r}")
 
     def _skip_unsupported(self, exc: Any) -> None:
-        reason = f"{self.provider}-{self.dtype}: {exc.op} unsupported by onnxruntime {exc.provider}"
+        from .providers import KNOWN
+
+        reason = f"{self.provider}-{self.dtype}: onnxruntime {KNOWN.get(exc.provider, exc.provider)} has no {self.dtype} kernel for {exc.op}"
         if self._node is not None:
             self._node.user_properties.append((SKIP_KEY, {"provider": self.provider, "dtype": self.dtype, "reason": reason}))
         pytest.skip(reason)
