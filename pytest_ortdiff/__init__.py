@@ -12,11 +12,12 @@ from .tolerance import Tolerance
 
 if TYPE_CHECKING:
     from . import models
+    from .blame import BlameTable, blame
     from .diff import DiffReport, compare
     from .runtimes.evaluator import TorchEvaluator
     from .runtimes.ort import OrtRunner
 
-__all__ = ["DiffReport", "OrtRunner", "Tolerance", "TorchEvaluator", "compare", "models"]
+__all__ = ["BlameTable", "DiffReport", "OrtRunner", "Tolerance", "TorchEvaluator", "blame", "compare", "models"]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -25,6 +26,8 @@ _LAZY = {
     "TorchEvaluator": ("pytest_ortdiff.runtimes.evaluator", "TorchEvaluator"),
     "OrtRunner": ("pytest_ortdiff.runtimes.ort", "OrtRunner"),
     "models": ("pytest_ortdiff.models", None),
+    "blame": ("pytest_ortdiff.blame", "blame"),
+    "BlameTable": ("pytest_ortdiff.blame", "BlameTable"),
 }
 
 

@@ -32,8 +32,7 @@ def _merge(args: argparse.Namespace) -> int:
             print(f"error: {path} has no 'results': is it a file written by --ortdiff-json?", file=sys.stderr)
             return 2
         job = args.label_from_file and path.stem
-        for row in data["results"]:
-            rows.append({**row, "test": f"{row['test']} ({job})" if job else row["test"]})
+        rows.extend({**row, "test": f"{row['test']} ({job})" if job else row["test"]} for row in data["results"])
         skips.extend(data.get("skips", []))
     rows.sort(key=lambda r: (r["test"], r.get("provider", ""), r.get("dtype", "")))
     print(render_table(rows, markdown=args.markdown))

@@ -33,11 +33,12 @@ class OrtDiff:
       provider; fails the test with the report when the tolerance is broken, returns the report otherwise.
     """
 
-    def __init__(self, provider: str, dtype: str, tolerance: Tolerance | None = None, node: Any = None) -> None:
+    def __init__(self, provider: str, dtype: str, tolerance: Tolerance | None = None, node: Any = None, blame_on_failure: bool = False) -> None:
         self.provider = provider
         self.dtype = dtype_of(dtype).short
         self.tolerance = (tolerance or Tolerance()).for_dtype(self.dtype)
         self._node = node
+        self.blame_on_failure = blame_on_failure
         self.reports: list[DiffReport] = []
 
     def __repr__(self) -> str:
@@ -99,27 +100,67 @@ class OrtDiff:
             got = dict(zip(names, got, strict=True))
         return compare(expected, got, thresholds=sorted(set(DEFAULT_THRESHOLDS) | set(tol.thresholds)), tolerance=tol.allclose)
 
-    def check(self, model: Any, feeds: Mapping[str, Any], *, tolerance: Tolerance | Mapping[str, Any] | None = None) -> DiffReport:
-        """torch evaluator (expected) vs onnxruntime (got) on this provider × dtype; fails with the report."""
+    def blame(self, model: Any, feeds: Mapping[str, Any], *, kernels: Mapping[Any, Any] | None = None) -> Any:
+        """The BlameTable of `model` on this provider: each node swapped to onnxruntime in turn."""
+        from .blame import blame
+
+        return blame(model, feeds, provider=self.provider, dtype=self.dtype, kernels=kernels, tolerance=self.tolerance)
+
+    def check(
+        self,
+        model: Any,
+        feeds: Mapping[str, Any],
+        *,
+        tolerance: Tolerance | Mapping[str, Any] | None = None,
+        reference: str = "torch",
+        blame: bool | None = None,
+    ) -> DiffReport:
+        """Judge onnxruntime on this provider × dtype; fails the test with the report.
+
+        `reference="torch"`: the torch evaluator is expected, onnxruntime got. `reference="float64"`: the
+        float64 oracle (cast to the tested dtype) is expected, and onnxruntime and the torch evaluator are
+        each judged against it; the report says which one is closer, in ULPs of the tested dtype.
+        `blame=True` (or `--ortdiff-blame`) adds the blame table to a failure report.
+        """
         __tracebackhide__ = True
         from .runtimes.ort import load_model
 
+        if reference not in ("torch", "float64"):
+            raise ValueError(f"reference must be 'torch' or 'float64', got {reference!r}")
         m = load_model(model)
         names = [o.name for o in m.graph.output]
         got = self.run(m, feeds, runtime="ort")
         expected = self.run(m, feeds, runtime="torch")
         tol = self._tolerance(tolerance)
-        report = self.compare(expected, got, tolerance=tol, names=names)
-        violations = tol.check(report)
-        self._record(report, tol, not violations)
-        if violations:
-            lines = [f"ortdiff: torch evaluator vs onnxruntime {self.provider} {self.dtype}: tolerance broken ({tol.describe()})"]
-            lines += [f"  - {v}" for v in violations]
-            lines.append(report.render())
+        if reference == "torch":
+            judged = [("torch evaluator vs onnxruntime", self.compare(expected, got, tolerance=tol, names=names), "")]
+        else:
+            oracle = [o.to(t.dtype) for o, t in zip(self.run(m, feeds, runtime="float64"), expected, strict=True)]
+            judged = [
+                ("float64 oracle vs onnxruntime", self.compare(oracle, got, tolerance=tol, names=names), " [ort vs float64]"),
+                ("float64 oracle vs torch evaluator", self.compare(oracle, expected, tolerance=tol, names=names), " [torch vs float64]"),
+            ]
+        lines: list[str] = []
+        for title, report, suffix in judged:
+            violations = tol.check(report)
+            self._record(report, tol, not violations, suffix)
+            if violations:
+                lines.append(f"ortdiff: {title} {self.provider} {self.dtype}: tolerance broken ({tol.describe()})")
+                lines += [f"  - {v}" for v in violations]
+                lines.append(report.render())
+        if reference == "float64":
+            (_, r_ort, _), (_, r_torch, _) = judged
+            closer = _closer(r_ort, r_torch)
+            lines_ok = f"closer to the float64 oracle: {closer} (onnxruntime: max {r_ort.max_ulp:g} ulp, {r_ort.mismatches:,} elements off; torch: max {r_torch.max_ulp:g} ulp, {r_torch.mismatches:,} elements off)"
+            if lines:
+                lines.append(lines_ok)
+        if lines:
+            if blame if blame is not None else self.blame_on_failure:
+                lines.append(self.blame(m, feeds).render())
             raise OrtDiffFailure("\n".join(lines))
-        return report
+        return judged[0][1]
 
-    def _record(self, report: DiffReport, tol: Tolerance, passed: bool) -> None:
+    def _record(self, report: DiffReport, tol: Tolerance, passed: bool, suffix: str = "") -> None:
         from .report import worst_budget_line
 
         self.reports.append(report)
@@ -131,6 +172,7 @@ class OrtDiff:
                 {
                     "provider": self.provider,
                     "dtype": self.dtype,
+                    "suffix": suffix,
                     "max_abs": report.max_abs,
                     "max_rel": report.max_rel,
                     "max_ulp": report.max_ulp,
@@ -141,6 +183,11 @@ class OrtDiff:
                 },
             )
         )
+
+
+def _closer(r_ort: DiffReport, r_torch: DiffReport) -> str:
+    ko, kt = (r_ort.max_ulp, r_ort.mismatches), (r_torch.max_ulp, r_torch.mismatches)
+    return "tie" if ko == kt else ("onnxruntime" if ko < kt else "torch evaluator")
 
 
 @pytest.fixture
@@ -167,4 +214,4 @@ def ortdiff(request: pytest.FixtureRequest, ort_provider: str, ort_dtype: str) -
     """An `OrtDiff` bound to this test's provider and dtype, with the marker's tolerance."""
     marker = request.node.get_closest_marker("ortdiff")
     tol = Tolerance.from_marker(marker.kwargs) if marker else Tolerance()
-    return OrtDiff(ort_provider, ort_dtype, tol, node=request.node)
+    return OrtDiff(ort_provider, ort_dtype, tol, node=request.node, blame_on_failure=bool(request.config.getoption("ortdiff_blame", False)))

@@ -70,6 +70,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="print the full diff report (histogram) of every check in the summary, passing ones too",
     )
     group.addoption(
+        "--ortdiff-blame",
+        dest="ortdiff_blame",
+        action="store_true",
+        default=False,
+        help="add the blame table (each node swapped to onnxruntime in turn) to every failure report",
+    )
+    group.addoption(
         "--ortdiff-json",
         dest="ortdiff_json",
         default=None,
@@ -248,7 +255,7 @@ class _Collector:
         for key, value in report.user_properties:
             if key == RESULT_KEY and report.when == "call":
                 row = dict(value)
-                row["test"] = report.nodeid
+                row["test"] = report.nodeid + row.pop("suffix", "")
                 row["outcome"] = "passed" if row.get("passed") else "failed"
                 self.state.results.append(row)
             elif key == SKIP_KEY and report.skipped:

@@ -110,9 +110,7 @@ def render_table(rows: Iterable[Mapping[str, Any]], *, markdown: bool = False) -
     """The run's summary: one row per checked test id (keys: test, provider, dtype, max_abs, max_rel,
     worst, outcome)."""
     cols = [("test", "test"), ("provider", "provider"), ("dtype", "dtype"), ("max abs", "max_abs"), ("max rel", "max_rel"), ("worst budget line", "worst"), ("result", "outcome")]
-    body = []
-    for row in rows:
-        body.append([_cell(row.get(key)) for _, key in cols])
+    body = [[_cell(row.get(key)) for _, key in cols] for row in rows]
     if markdown:
         out = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
         out += ["| " + " | ".join(cells) + " |" for cells in body]

@@ -279,9 +279,7 @@ class TorchEvaluator:
         try:
             for step, (k, ins, outs, free) in enumerate(plan):  # noqa: B007  (step names the failing node)
                 res = k.run(*[values[x] if x else None for x in ins])
-                for name, r in zip(outs, res, strict=False):
-                    if name:
-                        values[name] = r
+                values.update(zip(outs, res, strict=False))
                 for x in free:
                     del values[x]
         except Exception as exc:
@@ -289,6 +287,7 @@ class TorchEvaluator:
             node = k.node
             described = ", ".join(_describe_value(x, values.get(x)) for x in ins)
             raise RuntimeError(f"torch kernel {type(k).__name__} failed on node {node.name or '?'!r} ({node.op_type}) with inputs {described}: {exc}") from exc
+        values.pop("", None)  # omitted optional outputs
         if intermediates:
             return values
         return [values[o] for o in outputs]

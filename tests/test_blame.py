@@ -1,0 +1,213 @@
+"""blame(): kernel substitution finds the culprit, names graph-level effects, and the float64 oracle
+says who is right."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx.helper as oh
+import pytest
+import torch
+
+from pytest_ortdiff import OrtRunner, TorchEvaluator, blame, compare, models
+from pytest_ortdiff.blame import ort_intermediates
+
+DIMS = {"a": 2, "b": 16, "c": 64}
+
+
+def _wrong_epsilon_layer_norm(x, scale, bias):
+    # close to right: epsilon 1e-1 instead of 1e-5 shifts every output by ~4e-5 relative
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), scale, bias, eps=1e-1)
+
+
+def test_wrong_but_close_kernel_is_blamed_first() -> None:
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = models.random_feeds(model, DIMS, seed=1)
+    table = blame(model, feeds, kernels={"layer_norm": _wrong_epsilon_layer_norm})
+    assert table[0].node == "layer_norm"
+    assert table[0].op_type == "LayerNormalization"
+    assert table[0].explained > 0.9
+    assert table.culprit is table[0]
+    # its own (local) error is far above the honest nodes'
+    others = [r for r in table if r.node != "layer_norm"]
+    assert table[0].local_max_abs > 100 * max(r.local_max_abs for r in others) or max(r.local_max_abs for r in others) == 0
+    assert "most to blame: layer_norm (LayerNormalization)" in table.render()
+    assert table.first_divergence is not None and table.first_divergence.startswith("layer_norm")
+
+
+def _add_mul_model():
+    return oh.make_model(
+        oh.make_graph(
+            [oh.make_node("Add", ["x", "y"], ["s"], name="add"), oh.make_node("Mul", ["s", "y"], ["z"], name="mul")],
+            "exact",
+            [oh.make_tensor_value_info("x", 1, ["n"]), oh.make_tensor_value_info("y", 1, ["n"])],
+            [oh.make_tensor_value_info("z", 1, ["n"])],
+        ),
+        ir_version=9,
+        opset_imports=[oh.make_opsetid("", 18)],
+    )
+
+
+def test_no_discrepancy_blames_nothing() -> None:
+    model = _add_mul_model()
+    feeds = models.random_feeds(model, {"n": 100}, seed=0)
+    table = blame(model, feeds)
+    assert table.gap.is_exact
+    assert table.culprit is None
+    assert [r.explained for r in table] == [0.0, 0.0]
+    assert "no discrepancy: nothing to blame" in table.render()
+    assert table.notes == []
+
+
+def test_multi_output_and_optional_input_substitute() -> None:
+    # LayerNormalization without bias (optional input), with Mean and InvStdDev as graph outputs
+    model = oh.make_model(
+        oh.make_graph(
+            [oh.make_node("LayerNormalization", ["X", "scale"], ["Y", "mean", "inv"], axis=1, name="ln")],
+            "ln3",
+            [oh.make_tensor_value_info("X", 1, ["a", 6, 5]), oh.make_tensor_value_info("scale", 1, [6, 5])],
+            [oh.make_tensor_value_info("Y", 1, ["a", 6, 5]), oh.make_tensor_value_info("mean", 1, ["a", 1, 1]), oh.make_tensor_value_info("inv", 1, ["a", 1, 1])],
+        ),
+        ir_version=9,
+        opset_imports=[oh.make_opsetid("", 18)],
+    )
+    feeds = models.random_feeds(model, {"a": 3}, seed=0)
+    via_ort = TorchEvaluator(model, kernels={("", "LayerNormalization"): "ort"}).run(None, feeds)
+    full_ort = OrtRunner(model).run(None, feeds)
+    assert [t.shape for t in via_ort] == [(3, 6, 5), (3, 1, 1), (3, 1, 1)]
+    for a, b in zip(via_ort, full_ort, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch_only = TorchEvaluator(model).run(None, feeds)
+    for a, b in zip(torch_only, full_ort, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_oracle_beats_float16_runtimes_on_cancellation() -> None:
+    # (a + b) - a with a = 2048: float16 keeps no bits of b (spacing 2 at 2048), the oracle keeps them all
+    model = oh.make_model(
+        oh.make_graph(
+            [oh.make_node("Add", ["a", "b"], ["s"], name="add"), oh.make_node("Sub", ["s", "a"], ["z"], name="sub")],
+            "cancel",
+            [oh.make_tensor_value_info("a", 10, ["n"]), oh.make_tensor_value_info("b", 10, ["n"])],
+            [oh.make_tensor_value_info("z", 10, ["n"])],
+        ),
+        ir_version=9,
+        opset_imports=[oh.make_opsetid("", 18)],
+    )
+    b = torch.linspace(0.1, 0.9, 64, dtype=torch.float16)
+    feeds = {"a": torch.full((64,), 2048.0, dtype=torch.float16), "b": b}
+    truth = torch.from_numpy((np.float64(2048.0) + b.double().numpy()) - np.float64(2048.0)).half()
+    oracle = TorchEvaluator(model, compute_dtype=torch.float64).run(None, feeds)[0]
+    assert oracle.dtype == torch.float64
+    torch_fp16 = TorchEvaluator(model).run(None, feeds)[0]
+    ort_fp16 = OrtRunner(model).run(None, feeds)[0]
+    err_oracle = compare(truth, oracle.half()).max_abs
+    err_torch = compare(truth, torch_fp16).max_abs
+    err_ort = compare(truth, ort_fp16).max_abs
+    assert err_oracle == 0
+    assert err_torch > 0.09  # b is lost entirely
+    assert err_oracle <= err_ort
+    table = blame(model, feeds)
+    assert table.oracle["torch"].max_abs == pytest.approx(err_torch)
+    assert table.closer_to_oracle in ("onnxruntime", "tie")
+
+
+def test_cpu_float16_gap_is_explained_by_inserted_casts() -> None:
+    model = models.layer_norm_matmul_add(dtype="float16")
+    feeds = models.random_feeds(model, DIMS, seed=0)
+    table = blame(model, feeds)
+    if table.gap.is_exact:
+        pytest.skip("this onnxruntime build computes float16 MatMul like torch: no gap to explain")
+    assert table.closer_to_oracle == "onnxruntime"
+    assert any("inserted" in n and "matmul (MatMul) in float32" in n for n in table.notes), table.notes
+    assert table.culprit is None
+    assert "no single node explains" in table.render()
+
+
+def test_by_op_type_swaps_every_node_of_a_type() -> None:
+    # two MatMuls: by_op_type swaps both at once and gives one MatMul row
+    model = oh.make_model(
+        oh.make_graph(
+            [oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), oh.make_node("MatMul", ["h", "w2"], ["y"], name="mm2")],
+            "two_mm",
+            [oh.make_tensor_value_info("x", 1, [4, 64]), oh.make_tensor_value_info("w1", 1, [64, 64]), oh.make_tensor_value_info("w2", 1, [64, 64])],
+            [oh.make_tensor_value_info("y", 1, [4, 64])],
+        ),
+        ir_version=9,
+        opset_imports=[oh.make_opsetid("", 18)],
+    )
+    feeds = models.random_feeds(model, seed=3)
+    table = blame(model, feeds)
+    assert sorted(r.node for r in table) == ["mm1", "mm2"]
+    (row,) = table.by_op_type()
+    assert row.op_type == "MatMul"
+    if not table.gap.is_exact:
+        # both MatMuls on onnxruntime: the torch evaluator is onnxruntime
+        assert row.vs_ort == 0 and row.explained == 1.0
+    data = json.loads(json.dumps(table.to_dict()))
+    assert data["rows"][0]["node"] in ("mm1", "mm2")
+    assert "MatMul" in table.render_by_op_type()
+
+
+def test_ort_intermediates_expose_every_node_output() -> None:
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = models.random_feeds(model, DIMS, seed=0)
+    inter = ort_intermediates(model, feeds)
+    assert set(inter) == {"norm", "mm", "Z"}
+    ev = TorchEvaluator(model).run(None, feeds, intermediates=True)
+    for name in ("norm", "mm", "Z"):
+        assert compare(ev[name], inter[name]).max_abs < 1e-3
+
+
+BLAME_TEST = """
+import pytest
+from pytest_ortdiff import models
+
+@pytest.mark.ortdiff(dtypes=["float16"], budget={{0.0: 0.0}})
+def test_lnmm(ortdiff):
+    model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+    feeds = models.random_feeds(model, dims={{"a": 2, "b": 16, "c": 64}}, seed=0)
+    ortdiff.check(model, feeds{extra})
+"""
+
+
+def test_blame_option_adds_table_to_failure(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_b=BLAME_TEST.format(extra=""))
+    result = pytester.runpytest("--ortdiff-blame")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*blame: torch evaluator vs onnxruntime CPU float16: gap max abs *",
+            "*node * op * explained * vs ort * vs torch * local abs * local ulp*",
+            "*against the float64 oracle (in the tested dtype):*",
+            "*closer to the oracle: onnxruntime*",
+        ]
+    )
+
+
+def test_check_against_float64_oracle(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_b=BLAME_TEST.format(extra=', reference="float64"'))
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ortdiff: float64 oracle vs onnxruntime CPU float16: tolerance broken*"])
+    result.stdout.fnmatch_lines(["*ortdiff: float64 oracle vs torch evaluator CPU float16: tolerance broken*"])
+    result.stdout.fnmatch_lines(["*closer to the float64 oracle: onnxruntime (onnxruntime: max 1 ulp, * elements off; torch: max 1 ulp, * elements off)"])
+    result.stdout.fnmatch_lines(["test_b.py::test_lnmm[[]CPU-float16[]] [[]ort vs float64[]] * failed"])
+    result.stdout.fnmatch_lines(["test_b.py::test_lnmm[[]CPU-float16[]] [[]torch vs float64[]] * failed"])
+
+
+def test_blame_fixture(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_f="""
+        from pytest_ortdiff import models
+
+        def test_a(ortdiff):
+            model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+            feeds = models.random_feeds(model, dims={"a": 1, "b": 8, "c": 64}, seed=0)
+            table = ortdiff.blame(model, feeds)
+            assert table.provider == "CPU" and table.dtype == "float32"
+            assert {r.node for r in table} == {"layer_norm", "matmul", "add"}
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
