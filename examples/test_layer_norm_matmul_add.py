@@ -11,6 +11,7 @@ import pytest
 
 from pytest_ortdiff import models
 
+
 # Tolerances a user of this graph would choose. Outputs are ~285 (a 1152-long dot product of LayerNorm
 # outputs), so one float16 ULP there is 0.25 and float32 reduction-order noise is a few 1e-4:
 # float32: <= 64 ULPs, under 1 % of elements off by more than 1e-4, none by more than 1e-3;

@@ -1,1 +1,166 @@
-"""placeholder"""
+"""Shape torch kernels: Reshape, Transpose, Squeeze, Unsqueeze, Concat, and Constant.
+
+Shape-valued inputs (a Reshape's shape, axes) arrive as int64 tensors; results may be views of the inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+
+from ...dtypes import DType
+from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
+
+__all__ = [
+    "Concat",
+    "Constant",
+    "Reshape",
+    "Squeeze",
+    "Squeeze13",
+    "Transpose",
+    "Unsqueeze",
+    "Unsqueeze13",
+]
+
+
+@kernel("Reshape", since=5)
+class Reshape(Kernel):
+    """A 0 in the shape copies the input's dim, unless `allowzero=1` (opset 14+) makes it a real 0; -1 infers."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        # Before opset 14 the attribute does not exist, and its default is the old behaviour.
+        self.allowzero = bool(self.attr("allowzero", 0))
+
+    def run(self, x: torch.Tensor, shape: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dims = shape.tolist()
+        if not self.allowzero and 0 in dims:
+            dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+        return (x.reshape(dims),)
+
+
+@kernel("Transpose", since=1)
+class Transpose(Kernel):
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        perm = self.attr("perm")
+        self.perm = None if perm is None else tuple(int(p) for p in perm)
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.perm is None:
+            return (x.permute(tuple(range(x.dim() - 1, -1, -1))),)
+        return (x.permute(self.perm),)
+
+
+def _squeeze(x: torch.Tensor, axes: list[int] | tuple[int, ...]) -> torch.Tensor:
+    if not axes:
+        return x.squeeze()
+    shape = x.shape
+    for a in axes:
+        # torch silently keeps a dim that is not 1; ONNX makes that an error, and so do we.
+        if shape[a] != 1:
+            raise ValueError(f"Squeeze: axis {a} of shape {tuple(shape)} is not 1")
+    return x.squeeze(tuple(axes))
+
+
+def _unsqueeze(x: torch.Tensor, axes: list[int] | tuple[int, ...]) -> torch.Tensor:
+    # Axes index the *output*, whose rank is rank(x) + len(axes); insert in ascending order.
+    rank = x.dim() + len(axes)
+    dims = list(x.shape)
+    for a in sorted(a + rank if a < 0 else a for a in axes):
+        dims.insert(a, 1)
+    return x.reshape(dims)
+
+
+@kernel("Squeeze", since=1)
+class Squeeze(Kernel):
+    """Opsets 1-12: axes in an attribute; none means every size-1 dim."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axes = tuple(int(a) for a in self.attr("axes", ()))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (_squeeze(x, self.axes),)
+
+
+@kernel("Squeeze", since=13)
+class Squeeze13(Kernel):
+    """Opset 13+: axes in an optional int64 input."""
+
+    def run(self, x: torch.Tensor, axes: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        return (_squeeze(x, () if axes is None else axes.tolist()),)
+
+
+@kernel("Unsqueeze", since=1)
+class Unsqueeze(Kernel):
+    """Opsets 1-12: axes in a required attribute."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axes = tuple(int(a) for a in self.attr("axes", ()))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (_unsqueeze(x, self.axes),)
+
+
+@kernel("Unsqueeze", since=13)
+class Unsqueeze13(Kernel):
+    """Opset 13+: axes in a required int64 input."""
+
+    def run(self, x: torch.Tensor, axes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (_unsqueeze(x, axes.tolist()),)
+
+
+@kernel("Concat", since=1)
+class Concat(Kernel):
+    """`axis` may be negative (opset 11+); opset 1 defaulted it to 1, later opsets require it."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", 1))
+
+    def run(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.cat(xs, self.axis),)
+
+
+_FLOAT = onnx.TensorProto.FLOAT
+_INT64 = onnx.TensorProto.INT64
+
+
+@kernel("Constant", since=1)
+class Constant(Kernel):
+    """The value is built once, on the device and promoted in oracle mode; `run` hands out that tensor."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.value = self._build(ctx)
+
+    def _build(self, ctx: KernelContext) -> torch.Tensor:
+        attrs = self.attrs
+        if "value" in attrs:
+            proto: onnx.TensorProto = attrs["value"]
+            try:
+                DType(proto.data_type)
+            except ValueError:
+                name = onnx.TensorProto.DataType.Name(proto.data_type)
+                raise UnsupportedVariantError(f"Constant of element type {name}") from None
+            return ctx.tensor(proto)
+        if "value_float" in attrs:
+            return ctx.tensor(np.float32(attrs["value_float"]), _FLOAT)
+        if "value_floats" in attrs:
+            return ctx.tensor(np.asarray(attrs["value_floats"], dtype=np.float32), _FLOAT)
+        if "value_int" in attrs:
+            return ctx.tensor(np.int64(attrs["value_int"]), _INT64)
+        if "value_ints" in attrs:
+            return ctx.tensor(np.asarray(attrs["value_ints"], dtype=np.int64), _INT64)
+        for refused in ("value_string", "value_strings", "sparse_value"):
+            if refused in attrs:
+                raise UnsupportedVariantError(
+                    f"Constant with {refused}: strings and sparse tensors are not torch tensors here"
+                )
+        raise ValueError(f"Constant node {self.node.name!r} has no value attribute")
+
+    def run(self) -> tuple[torch.Tensor, ...]:
+        return (self.value,)
