@@ -196,8 +196,13 @@ class OrtRunner:
         for name in names:
             binding.bind_output(name, dev, self.device.index or 0)
         sess.run_with_iobinding(binding)
-        outs = binding.get_outputs()
-        return [torch.from_dlpack(o) for o in outs]
+        return [self._to_torch(o) for o in binding.get_outputs()]
+
+    def _to_torch(self, value: Any) -> torch.Tensor:
+        # zero copy where this onnxruntime's OrtValue speaks DLPack; a host round trip otherwise
+        if hasattr(value, "__dlpack__"):
+            return torch.from_dlpack(value)
+        return to_torch(value.numpy(), self.device if self.device.type == "cuda" else None)
 
     def _run_numpy(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         np_feeds = {k: to_numpy(v) for k, v in feeds.items()}
