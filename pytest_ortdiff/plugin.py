@@ -38,6 +38,32 @@ class _State:
 
 
 STATE = pytest.StashKey[_State]()
+# the running session's selection, for hypothesis strategies built at import time (they see no config)
+_ACTIVE: list[_State] = []
+
+
+def current_selection(kind: str) -> tuple[str, ...]:
+    """The providers or dtypes the running pytest session enabled (defaults outside pytest)."""
+    state = _ACTIVE[-1] if _ACTIVE else _State()
+    return state.providers if kind == "providers" else state.dtypes
+
+
+def _register_hypothesis_profiles() -> None:
+    from hypothesis import HealthCheck, Verbosity, settings
+
+    # CI: reproducible runs (derandomized), bounded, no deadline (first calls build sessions), and the
+    # @reproduce_failure blob printed with every failure
+    settings.register_profile(
+        "ortdiff-ci",
+        derandomize=True,
+        max_examples=50,
+        deadline=None,
+        print_blob=True,
+        verbosity=Verbosity.normal,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    # local iteration: fewer examples, randomized, database on so failures replay first
+    settings.register_profile("ortdiff-dev", max_examples=20, deadline=None, print_blob=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -129,7 +155,10 @@ def _parse_dtypes(names: list[str], source: str) -> list[str]:
     return out
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    # before hypothesis's own plugin loads --hypothesis-profile
+    _register_hypothesis_profiles()
     config.addinivalue_line(
         "markers",
         "ortdiff(providers=None, dtypes=None, atol=None, rtol=None, max_ulp=None, budget=None): run the test "
@@ -167,7 +196,14 @@ def pytest_configure(config: pytest.Config) -> None:
     state.show_reports = bool(config.getoption("ortdiff_reports") or config.getini("ortdiff_reports"))
     state.json_path = config.getoption("ortdiff_json")
     config.stash[STATE] = state
+    _ACTIVE.append(state)
     config.pluginmanager.register(_Collector(state), "ortdiff-collector")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None and state in _ACTIVE:
+        _ACTIVE.remove(state)
 
 
 # -- parametrization ---------------------------------------------------------------------------

@@ -48,6 +48,11 @@ def layer_norm_matmul_add(dtype: Any = "float16", opset: int = 18, epsilon: floa
     return model
 
 
+# for hypothesis (pytest_ortdiff.strategies.dims): the range of each symbolic dim; no constraints
+layer_norm_matmul_add.dims = {"a": (1, 4), "b": (1, 64), "c": (1, 256)}  # type: ignore[attr-defined]
+layer_norm_matmul_add.constraints = ()  # type: ignore[attr-defined]
+
+
 class LayerNormMatMulAdd(torch.nn.Module):
     """Eager twin of `layer_norm_matmul_add`: same inputs, same function."""
 
