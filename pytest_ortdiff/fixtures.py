@@ -66,12 +66,7 @@ class OrtDiff:
             except UnsupportedByProviderError as exc:
                 self._skip_unsupported(exc)
         if runtime in ("torch", "float64"):
-            import torch
-
-            from .runtimes.evaluator import TorchEvaluator
-
-            ev = TorchEvaluator(model, device=self.device, compute_dtype=torch.float64 if runtime == "float64" else None)
-            return ev.run(output_names, feeds)
+            return _evaluator(model, self.device, runtime).run(output_names, feeds)
         raise ValueError(f"runtime must be 'ort', 'torch' or 'float64', got {runtime!r}")
 
     def _skip_unsupported(self, exc: Any) -> None:
@@ -270,6 +265,29 @@ class OrtDiff:
                     props[i] = (RESULT_KEY, row)
                 return
         props.append((RESULT_KEY, row))
+
+
+_EVALUATORS: dict[tuple[str, str, str], Any] = {}
+
+
+def _evaluator(model: Any, device: str, runtime: str) -> Any:
+    """A TorchEvaluator per (model bytes, device, runtime), reused across checks and examples: building
+    one runs onnx.checker and shape inference."""
+    import hashlib
+
+    import torch
+
+    from .runtimes.evaluator import TorchEvaluator
+    from .runtimes.ort import load_model, model_bytes
+
+    key = (hashlib.sha1(model_bytes(model)).hexdigest(), device, runtime)
+    ev = _EVALUATORS.get(key)
+    if ev is None:
+        if len(_EVALUATORS) >= 32:
+            _EVALUATORS.pop(next(iter(_EVALUATORS)))
+        ev = TorchEvaluator(load_model(model), device=device, compute_dtype=torch.float64 if runtime == "float64" else None)
+        _EVALUATORS[key] = ev
+    return ev
 
 
 def _closer(r_ort: DiffReport, r_torch: DiffReport) -> str:
