@@ -1,16 +1,22 @@
-"""DiffReport: the histogram diff of two tensors (or nested structures of them), computed with torch.
+"""DiffReport: the histogram diff of two tensors (or nested structures of them).
 
-CUDA tensors are compared on their device; CPU tensors in chunks that stay in cache, so a 37.7M-element
-float16 comparison is a few passes over memory.
+CUDA (any non-CPU) tensors are compared on their device, the whole tensor at once, with torch. CPU
+tensors go through numpy in chunks that stay in cache, on worker threads, with the work per chunk cut
+to what the chunk needs (see "CPU: numpy over chunks"). Both paths give the same numbers (mean_abs up
+to summation order): |e - g| in the work dtype, every comparison and ratio as if in float64.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .dtypes import DType, dtype_of
@@ -20,8 +26,11 @@ __all__ = ["DEFAULT_THRESHOLDS", "DiffReport", "ShapeMismatchError", "compare"]
 #: thresholds of the default histogram: counts[t] = number of elements with |expected - got| > t
 DEFAULT_THRESHOLDS: tuple[float, ...] = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
 
-# elements per CPU chunk: 2**18 float32 temporaries (1 MiB each) stay in L2 across the ~12 passes
-_CHUNK = 1 << 18
+# elements per CPU chunk: large enough that numpy's per-call overhead is noise, small enough that the
+# float32 scratch arrays stay in cache across the passes (measured: benchmarks/bench_diff.py)
+_CHUNK = 8 * 32000
+# tests only: take the whole-tensor torch path (the one CUDA tensors take) on CPU too
+_FORCE_TORCH = False
 
 
 class ShapeMismatchError(ValueError):
@@ -169,6 +178,7 @@ def compare(
     Shapes and dtypes must match: a mismatch raises `ShapeMismatchError` naming both.
     """
     thr = _normalize_thresholds(thresholds)
+    tolerance = _normalize_tolerance(tolerance)
     leaves: list[DiffReport] = []
     _walk(expected, got, name, thr, tolerance, leaves)
     if len(leaves) == 1 and not _is_nested(expected):
@@ -185,6 +195,18 @@ def _normalize_thresholds(thresholds: Sequence[float] | None) -> tuple[float, ..
     if any(math.isnan(t) or t < 0 for t in out):
         raise ValueError(f"thresholds must be non-negative numbers, got {list(thresholds)}")
     return tuple(out)
+
+
+def _normalize_tolerance(tolerance: Any) -> tuple[float, float] | None:
+    if tolerance is None:
+        return None
+    try:
+        atol, rtol = (float(x) for x in tolerance)
+    except (TypeError, ValueError):
+        raise ValueError(f"tolerance must be a pair (atol, rtol) of non-negative numbers, got {tolerance!r}") from None
+    if math.isnan(atol) or math.isnan(rtol) or atol < 0 or rtol < 0:
+        raise ValueError(f"tolerance must be a pair (atol, rtol) of non-negative numbers, got {tolerance!r}")
+    return (atol, rtol)
 
 
 def _is_nested(x: Any) -> bool:
@@ -267,19 +289,18 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
     if e.device != g.device:
         g = g.to(e.device)
     dt = dtype_of(e.dtype)
-    acc = _Accumulator(dt, thr, tol, e.device)
-    n = e.numel()
+    stats = _Stats(dt, thr, tol)
     ef = e.reshape(-1)
     gf = g.reshape(-1)
-    if e.device.type == "cpu" and n > _CHUNK:
-        for start in range(0, n, _CHUNK):
-            acc.add(ef[start : start + _CHUNK], gf[start : start + _CHUNK], start)
-    elif n:
-        acc.add(ef, gf, 0)
-    return acc.report(name, tuple(e.shape), ef, gf)
+    if ef.numel():
+        if e.device.type == "cpu" and not _FORCE_TORCH:
+            _cpu_pass(ef, gf, stats)
+        else:
+            _torch_pass(ef, gf, stats)
+    return stats.report(name, tuple(e.shape), ef, gf)
 
 
-# compute dtype of the differences: wide enough that |e - g| of two finite values never overflows
+# compute dtype of the differences: wide enough that |e - g| of two finite values rarely overflows
 # (float16/bfloat16 -> float32) and that integer differences are exact
 def _work_dtype(dt: DType) -> torch.dtype:
     if dt in (DType.FLOAT64, DType.INT64, DType.UINT64, DType.UINT32, DType.INT32):
@@ -287,141 +308,579 @@ def _work_dtype(dt: DType) -> torch.dtype:
     return torch.float32
 
 
-_BITS_INT = {DType.FLOAT16: torch.int16, DType.BFLOAT16: torch.int16, DType.FLOAT32: torch.int32, DType.FLOAT64: torch.int64}
+_BITS = {DType.FLOAT16: torch.int16, DType.BFLOAT16: torch.int16, DType.FLOAT32: torch.int32, DType.FLOAT64: torch.int64}
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
-class _Accumulator:
-    """Running maxima, sums and histogram counts over chunks, kept as tensors to avoid device syncs."""
+def _round_down(t: float, work: Any) -> Any:
+    """The largest value of the work dtype <= t: then `d > t` (exact, in float64) == `d > result` (in the
+    work dtype) for every d of the work dtype. Needed because float32(0.1) > 0.1."""
+    if work == np.float64:
+        return np.float64(t)
+    if t >= _F32_MAX:
+        return np.float32(_F32_MAX)
+    x = np.float32(t)
+    if float(x) > t:
+        x = np.nextafter(x, np.float32(-np.inf))
+    return x
 
-    def __init__(self, dt: DType, thr: tuple[float, ...], tol: Any, device: torch.device) -> None:
+
+def _round_up(t: float) -> Any:
+    """The smallest float32 >= t (float32 max for larger t)."""
+    if t >= _F32_MAX:
+        return np.float32(_F32_MAX)
+    x = np.float32(t)
+    if float(x) < t:
+        x = np.nextafter(x, np.float32(np.inf))
+    return x
+
+
+class _Stats:
+    """Running statistics of one output over its chunks (chunks arrive in index order)."""
+
+    def __init__(self, dt: DType, thr: tuple[float, ...], tol: tuple[float, float] | None) -> None:
         self.dt = dt
-        self.work = _work_dtype(dt)
         self.floating = dt.is_floating_point
+        self.work = _work_dtype(dt)
+        self.np_work = np.float64 if self.work == torch.float64 else np.float32
         self.tiny = dt.tiny if self.floating else 1.0
-        self.thr = torch.tensor(thr, dtype=self.work, device=device)
-        self.thr_tuple = thr
+        self.thr = thr
+        self.thr_work = [_round_down(t, self.np_work) for t in thr]
         self.tol = tol
-        self.n_thr = len(thr)
-        self.hist = torch.zeros(self.n_thr + 1, dtype=torch.int64, device=device)
-        self.best_abs = torch.zeros((), dtype=self.work, device=device)
-        self.best_idx = torch.zeros((), dtype=torch.int64, device=device)
-        self.max_rel = torch.zeros((), dtype=self.work, device=device)
-        self.max_ulp = torch.zeros((), dtype=torch.float64, device=device)
-        self.sum_abs = torch.zeros((), dtype=torch.float64, device=device)
-        self.nan_mismatch = torch.zeros((), dtype=torch.int64, device=device)
-        self.inf_mismatch = torch.zeros((), dtype=torch.int64, device=device)
-        self.oot = torch.zeros((), dtype=torch.int64, device=device)
-        # index of the worst element when only mismatches (NaN/Inf) exist
-        self.mismatch_idx: torch.Tensor | None = None
+        self.atol_work = _round_down(tol[0], self.np_work) if tol is not None else None
+        self.counts = [0] * len(thr)
+        self.sum_abs = 0.0
+        self.max_abs = -1.0  # below any |diff|: the first finite pair sets argmax
+        self.argmax = 0
+        self.first_mismatch: int | None = None
+        self.max_rel = 0.0
+        self.max_ulp = 0.0
+        self.nan_mismatch = 0
+        self.inf_mismatch = 0
+        self.oot = 0
+        # bit patterns (e, g) of opposite-sign pairs, for their exact ULP distance at the end
+        self.opposite: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def add(self, e: torch.Tensor, g: torch.Tensor, offset: int) -> None:
-        ew = e.to(self.work)
-        gw = g.to(self.work)
-        d = (ew - gw).abs_()
-        s = d.sum(dtype=torch.float64)
-        special = self.floating and not bool(torch.isfinite(s))
-        if special:
-            d = self._special(ew, gw, d, offset)
-            finite_d = torch.where(torch.isinf(d), 0.0, d)
-            s = finite_d.sum(dtype=torch.float64)
-            dmax_src = finite_d
-        else:
-            dmax_src = d
-        self.sum_abs += s
-        # histogram: index i = number of thresholds strictly below d, so count(d > t_k) = #(i > k)
-        idx = torch.searchsorted(self.thr, d, right=False)
-        self.hist += torch.bincount(idx, minlength=self.n_thr + 1)
-        m, i = dmax_src.max(dim=0)
-        better = m > self.best_abs
-        self.best_abs = torch.where(better, m, self.best_abs)
-        self.best_idx = torch.where(better, i + offset, self.best_idx)
-        abs_e = ew.abs()
-        rel = dmax_src / abs_e.clamp_min_(self.tiny)
-        self.max_rel = torch.maximum(self.max_rel, rel.max())
-        if self.floating:
-            self.max_ulp = torch.maximum(self.max_ulp, self._ulp(e, g, d if special else None).to(torch.float64))
-        else:
-            self.max_ulp = torch.maximum(self.max_ulp, m.to(torch.float64))
-        if self.tol is not None:
-            atol, rtol = self.tol
-            self.oot += (d > atol + rtol * abs_e).sum()
+    def finish(self) -> None:
+        """Fold in the opposite-sign pairs collected by the chunks."""
+        if self.opposite:
+            eb, gb = (np.concatenate(x) for x in zip(*self.opposite, strict=True))
+            self.opposite = []
+            self.max_ulp = max(self.max_ulp, _ulp_exact(eb, gb))
 
-    def _special(self, ew: torch.Tensor, gw: torch.Tensor, d: torch.Tensor, offset: int) -> torch.Tensor:
-        """NaN/Inf semantics: NaN==NaN and +Inf==+Inf are equal; a mismatch counts above every threshold."""
-        en, gn = torch.isnan(ew), torch.isnan(gw)
-        both_nan = en & gn
-        nan_mis = en ^ gn
-        ei, gi = torch.isinf(ew), torch.isinf(gw)
-        same_inf = ei & gi & (ew == gw)
-        inf_mis = (ei | gi) & ~same_inf & ~en & ~gn
-        self.nan_mismatch += nan_mis.sum()
-        self.inf_mismatch += inf_mis.sum()
-        d = torch.where(both_nan | same_inf, 0.0, d)
-        mis = nan_mis | inf_mis
-        d = torch.where(mis, torch.inf, d)
-        if self.mismatch_idx is None and bool(mis.any()):
-            self.mismatch_idx = mis.nonzero()[0, 0] + offset
-        return d
+    def fresh(self) -> _Stats:
+        return _Stats(self.dt, self.thr, self.tol)
 
-    def _ulp(self, e: torch.Tensor, g: torch.Tensor, d: torch.Tensor | None) -> torch.Tensor:
-        """Max distance in units in the last place of the compared dtype: the count of representable
-        values between e and g, from their bit patterns (sign-magnitude mapped to a monotone integer)."""
-        ibits = _BITS_INT[self.dt]
-        # 16-bit patterns differ by < 2**16: int32 is exact and half the traffic of int64
-        wide = torch.int32 if ibits == torch.int16 else torch.int64
-        ei = _ordered(e.contiguous().view(ibits)).to(wide)
-        gi = _ordered(g.contiguous().view(ibits)).to(wide)
-        if ibits == torch.int64:
-            dist = (ei.to(torch.float64) - gi.to(torch.float64)).abs_()
-        else:
-            dist = (ei - gi).abs_()
-        if d is not None:
-            # NaN/Inf positions are reported as mismatches, not as ULP distances
-            dist = torch.where(torch.isfinite(d), dist, 0)
-        return dist.max()
+    def merge(self, other: _Stats) -> None:
+        """Fold in the statistics of the elements right after ours."""
+        self.finish()
+        other.finish()
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.sum_abs += other.sum_abs
+        self.see_max(other.max_abs, other.argmax)
+        if self.first_mismatch is None:
+            self.first_mismatch = other.first_mismatch
+        self.max_rel = max(self.max_rel, other.max_rel)
+        self.max_ulp = max(self.max_ulp, other.max_ulp)
+        self.nan_mismatch += other.nan_mismatch
+        self.inf_mismatch += other.inf_mismatch
+        self.oot += other.oot
+
+    def see_max(self, m: float, index: int) -> None:
+        if m > self.max_abs:
+            self.max_abs = m
+            self.argmax = index
 
     def report(self, name: str, shape: tuple[int, ...], ef: torch.Tensor, gf: torch.Tensor) -> DiffReport:
+        self.finish()
         n = ef.numel()
-        # suffix sums: counts[k] = #(idx > k)
-        hist = self.hist.tolist()
-        counts: dict[float, int] = {}
-        running = 0
-        for k in range(self.n_thr - 1, -1, -1):
-            running += hist[k + 1]
-            counts[self.thr_tuple[k]] = running
-        counts = {t: counts[t] for t in self.thr_tuple}
-        best_abs = float(self.best_abs)
-        idx_flat = int(self.best_idx)
-        if best_abs == 0 and self.mismatch_idx is not None:
-            idx_flat = int(self.mismatch_idx)
-        argmax = _unravel(idx_flat, shape) if n else None
-        e_at = float(ef[idx_flat]) if n else None
-        g_at = float(gf[idx_flat]) if n else None
+        max_abs = max(self.max_abs, 0.0)
+        idx = self.argmax
+        if max_abs == 0 and self.first_mismatch is not None:
+            idx = self.first_mismatch
         return DiffReport(
             name=name,
             dtype=self.dt.short,
             shape=shape,
             n=n,
-            max_abs=best_abs,
-            max_rel=float(self.max_rel),
-            max_ulp=float(self.max_ulp),
-            mean_abs=float(self.sum_abs) / n if n else 0.0,
-            argmax=argmax,
-            expected_at_max=e_at,
-            got_at_max=g_at,
-            nan_mismatch=int(self.nan_mismatch),
-            inf_mismatch=int(self.inf_mismatch),
-            thresholds=self.thr_tuple,
-            counts=counts,
-            out_of_tolerance=int(self.oot) if self.tol is not None else None,
-            tolerance=tuple(self.tol) if self.tol is not None else None,  # type: ignore[arg-type]
+            max_abs=max_abs,
+            max_rel=self.max_rel,
+            max_ulp=self.max_ulp if self.floating else max_abs,
+            mean_abs=self.sum_abs / n if n else 0.0,
+            argmax=_unravel(idx, shape) if n else None,
+            expected_at_max=float(ef[idx]) if n else None,
+            got_at_max=float(gf[idx]) if n else None,
+            nan_mismatch=self.nan_mismatch,
+            inf_mismatch=self.inf_mismatch,
+            thresholds=self.thr,
+            counts=dict(zip(self.thr, self.counts, strict=True)),
+            out_of_tolerance=self.oot if self.tol is not None else None,
+            tolerance=self.tol,
         )
 
 
-def _ordered(bits: torch.Tensor) -> torch.Tensor:
-    """Map IEEE sign-magnitude bit patterns to integers that increase with the float value (+0 == -0)."""
-    sign_mask = torch.iinfo(bits.dtype).max  # all bits but the sign
-    return torch.where(bits < 0, -(bits & sign_mask), bits)
+# ------------------------------------------------------------------------------------------------
+# CPU: numpy over chunks
+#
+# A chunk of finite values ("fast path") costs: the two float16/bfloat16 -> float32 casts (torch,
+# vectorized; float32/float64 inputs need none), |e - g|, max, sum; on the integer bit patterns
+# xor/min (any opposite signs?), subtract, abs, max: the ULP distance, whose nonzero count is also the
+# count above the threshold 0; then one compare-and-count per histogram threshold *below the chunk's
+# max* (every count above it is 0). The relative error needs a pass only in chunks whose ULP
+# distances could beat the running maximum (see `_rel_same_sign`), the allclose count only in chunks
+# whose max exceeds atol, on candidates found with float32 bounds of atol + rtol*|e| and decided in
+# float64. A chunk holding NaN/Inf (or a difference that overflows) takes `_exact_chunk`, which
+# applies every rule with explicit masks. Large tensors are split into one contiguous range per
+# worker thread (numpy releases the GIL; torch is only called below its OpenMP grain size there);
+# their statistics are merged in index order. Every result is exact: the shortcuts only decide
+# where to look, never what is counted.
+
+
+def _cpu_pass(ef: torch.Tensor, gf: torch.Tensor, st: _Stats) -> None:
+    n = ef.numel()
+    chunk = max(1, min(_CHUNK, n))
+    n_chunks = -(-n // chunk)
+    workers = min(_MAX_WORKERS, torch.get_num_threads(), n_chunks)  # the user's thread limit holds
+    if workers <= 1:
+        _cpu_range(ef, gf, 0, n, chunk, st)
+        return
+    bounds = [min(n, (i * n_chunks // workers) * chunk) for i in range(workers + 1)]
+    parts = [st.fresh() for _ in range(workers)]
+    pool = _pool()
+    futures = [pool.submit(_cpu_range, ef, gf, bounds[i], bounds[i + 1], chunk, parts[i]) for i in range(1, workers)]
+    try:
+        _cpu_range(ef, gf, bounds[0], bounds[1], chunk, parts[0])
+    finally:
+        for f in futures:
+            f.exception()  # wait for every worker before raising anything
+    for f in futures:
+        f.result()
+    for part in parts:
+        st.merge(part)
+
+
+# threads per comparison; more only add GIL hand-offs on top of memory bandwidth
+_MAX_WORKERS = 4
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=_MAX_WORKERS - 1, thread_name_prefix="ortdiff")
+        return _POOL
+
+
+def _forget_pool() -> None:
+    """In a forked child the pool's threads do not exist: start a new pool there."""
+    global _POOL, _POOL_LOCK
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _cpu_range(ef: torch.Tensor, gf: torch.Tensor, lo: int, hi: int, chunk: int, st: _Stats) -> None:
+    """Elements [lo, hi) of the flat tensors, chunk by chunk, into `st` (indices stay global)."""
+    chunk = max(1, min(chunk, hi - lo))
+    with np.errstate(all="ignore"):
+        if not st.floating:
+            e_np, g_np = ef.numpy(), gf.numpy()
+            for start in range(lo, hi, chunk):
+                stop = min(hi, start + chunk)
+                _exact_chunk(e_np[start:stop].astype(st.np_work), g_np[start:stop].astype(st.np_work), None, None, start, st)
+            return
+        bits = _BITS[st.dt]
+        e_bits, g_bits = ef.view(bits).numpy(), gf.view(bits).numpy()
+        convert = st.dt in (DType.FLOAT16, DType.BFLOAT16)
+        if convert:
+            # torch's cast is vectorized, numpy's float16 cast is ~10x slower. It is called on pieces
+            # below torch's grain size, made once, so that it runs on this thread: an OpenMP team
+            # started here would spin on the cores the other workers use.
+            piece = min(_SERIAL, chunk)
+            chunk = chunk // piece * piece
+            e_buf, g_buf = torch.empty(chunk, dtype=torch.float32), torch.empty(chunk, dtype=torch.float32)
+            e_buf_np, g_buf_np = e_buf.numpy(), g_buf.numpy()
+            casts = _cast_lists(ef[lo:hi], gf[lo:hi], e_buf, g_buf, piece)
+        else:
+            e_np, g_np = ef.numpy(), gf.numpy()
+        bufs = _Buffers(chunk, st.np_work, e_bits.dtype)
+        for c, start in enumerate(range(lo, hi, chunk)):
+            stop = min(hi, start + chunk)
+            k = stop - start
+            if convert:
+                _foreach_copy(*casts[c])
+                ew, gw = e_buf_np[:k], g_buf_np[:k]
+                d = gw  # |e - g| overwrites the cast of g (one buffer less in cache)
+            else:
+                ew, gw = e_np[start:stop], g_np[start:stop]
+                d = bufs.d[:k]
+            eb, gb = e_bits[start:stop], g_bits[start:stop]
+            np.subtract(ew, gw, out=d)
+            np.abs(d, out=d)
+            m = float(d.max())
+            if math.isfinite(m):
+                _fast_chunk(ew, eb, gb, d, m, start, st, bufs)
+            else:
+                if convert:
+                    gw = gf[start:stop].to(torch.float32).numpy()
+                _exact_chunk(ew, gw, eb, gb, start, st)
+
+
+_SERIAL = 32000  # elements per torch cast: < at::internal::GRAIN_SIZE (32768), so no OpenMP
+
+
+def _cast_lists(e_src: torch.Tensor, g_src: torch.Tensor, e_buf: torch.Tensor, g_buf: torch.Tensor, piece: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """Per chunk (len(e_buf) elements) of the sources: the (destinations, sources) pieces to copy."""
+    per_chunk = e_buf.numel() // piece
+    e_from, g_from = e_src.split(piece), g_src.split(piece)
+    e_to, g_to = e_buf.split(piece), g_buf.split(piece)
+    out = []
+    for first in range(0, len(e_from), per_chunk):
+        dst: list[torch.Tensor] = []
+        src: list[torch.Tensor] = []
+        for j in range(first, min(len(e_from), first + per_chunk)):
+            size = e_from[j].numel()
+            dst += [e_to[j - first][:size], g_to[j - first][:size]]
+            src += [e_from[j], g_from[j]]
+        out.append((dst, src))
+    return out
+
+
+def _foreach_copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    if _FOREACH_COPY is not None:
+        _FOREACH_COPY(dst, src)  # one call instead of 2 per piece (same kernels, same thread)
+    else:
+        for d, s in zip(dst, src, strict=True):
+            d.copy_(s)
+
+
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+
+
+class _Buffers:
+    """Scratch arrays reused by every chunk of one range."""
+
+    def __init__(self, size: int, work: Any, bits: Any) -> None:
+        self.d = np.empty(size, work)
+        self.tmp = np.empty(size, work)
+        self.tmp2 = np.empty(size, work)
+        self.mask = np.empty(size, np.bool_)
+        self.mask2 = np.empty(size, np.bool_)
+        self.ints = np.empty(size, bits)
+
+
+def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m: float, start: int, st: _Stats, bufs: _Buffers) -> None:
+    """A chunk whose values and differences are all finite; m = max(d)."""
+    k = d.size
+    mask = bufs.mask[:k]
+    # sum: float32 lanes added down the rows (vectorized; numpy's pairwise sum is not), the lane sums
+    # in float64; a float32 overflow is redone in float64
+    lanes = next((w for w in (2048, 1024, 512) if k % w == 0 and k >= 16 * w), 0)
+    if lanes:
+        s = float(np.add.reduce(np.add.reduce(d.reshape(-1, lanes), axis=0), dtype=np.float64))
+    else:
+        s = float(np.add.reduce(d))
+    if s == math.inf:
+        s = float(np.add.reduce(d, dtype=np.float64))
+    st.sum_abs += s
+    if m > st.max_abs:
+        st.see_max(m, start + int(d.argmax()))
+    if m == 0:  # identical chunk: nothing else to count
+        return
+
+    # ULP distance: for same-sign pairs the difference of the raw bit patterns (it fits the bits'
+    # integer type); pairs of opposite signs (including -0 vs +0) are done exactly on their own.
+    u = bufs.ints[:k]
+    np.bitwise_xor(eb, gb, out=u)
+    opposite: np.ndarray | None = None
+    if u.min() < 0:
+        np.less(u, 0, out=mask)
+        opposite = np.flatnonzero(mask)
+    np.subtract(eb, gb, out=u)
+    n_opposite_differ = 0
+    if opposite is not None:
+        u[opposite] = 0
+        d_opp = d[opposite]
+        n_opposite_differ = int(np.count_nonzero(d_opp))
+        st.opposite.append((eb[opposite], gb[opposite]))  # their ULP distance: in finish()
+        # (their rel now: usually >= 1, it lets _rel_same_sign skip most chunks)
+        st.max_rel = max(st.max_rel, _rel_exact(d_opp, ew[opposite], st.tiny))
+    np.abs(u, out=u)
+    big_u = int(u.max())
+    st.max_ulp = max(st.max_ulp, float(big_u))
+
+    # histogram: counts[t] += #(d > t) for the thresholds below the chunk max
+    thr = st.thr_work
+    atol = st.atol_work
+    above: np.ndarray | None = None  # indices of every d > t_above, once they are few
+    t_above = 0.0
+    sub: np.ndarray | None = None  # d[above]
+    for i, t in enumerate(thr):
+        if t >= m:
+            break
+        if sub is not None:
+            c = int(np.count_nonzero(sub > t))
+        elif t == 0:  # same-sign pairs differ iff their bits do
+            c = int(np.count_nonzero(u)) + n_opposite_differ
+        else:
+            np.greater(d, t, out=mask)
+            c = int(np.count_nonzero(mask))
+            # Few above t: when 3+ more thresholds are below m they count on those few; the
+            # allclose count takes its candidates (d > atol) from them when t <= atol < next t.
+            # (np.flatnonzero costs about 3 compare-and-count passes.)
+            if c * 16 <= k:
+                later = sum(1 for x in thr[i + 1 :] if x < m)
+                for_tol = atol is not None and t <= atol and (i + 1 == len(thr) or thr[i + 1] > atol)
+                if later >= 3 or for_tol:
+                    above, t_above = np.flatnonzero(mask), t
+                    sub = d[above]
+        st.counts[i] += c
+
+    if big_u:
+        _rel_same_sign(ew, d, u, big_u, st, bufs)
+    if st.tol is not None and m > st.tol[0]:
+        _tolerance_chunk(ew, d, st, bufs, above, t_above)
+
+
+def _rel_same_sign(ew: np.ndarray, d: np.ndarray, u: np.ndarray, big_u: int, st: _Stats, bufs: _Buffers) -> None:
+    """Max of d / max(|e|, tiny) over the same-sign pairs, from candidates picked by ULP distance.
+
+    For a same-sign pair u ULPs apart in a format with p mantissa bits (tiny its smallest normal),
+    every step between the two values is between 2**-(p+1) and 2**-p times max(value, tiny), so its
+    rel lies in [L(u), H(u)] with L(u) = c/(1+c), c = u*2**-(p+1), and H(u) = q/(1-q), q = u*2**-p.
+    So a pair can beat a relative error R only if H(u) > R, i.e. u > 2**p * R/(1+R); R is the running
+    maximum, or L(U) of the chunk's largest distance U (that pair reaches it). A chunk whose U cannot
+    beat the running maximum is skipped without a pass; otherwise the (usually few) candidates get
+    the exact relative error."""
+    k = d.size
+    p = st.dt.mantissa_bits
+    scale = 2.0**p
+    r_best = max(st.max_rel, _low_rel(big_u, p))
+    u_min = scale * (r_best / (1 + r_best) if r_best < math.inf else 1.0)
+    if big_u <= u_min * (1 - 1e-6):
+        return
+    u_min = max(1, math.floor(u_min * 0.99))
+    mask = bufs.mask[:k]
+    if u_min > 4:  # else most differing pairs are candidates: no point in listing them
+        np.greater_equal(u, u_min, out=mask)
+        idx = np.flatnonzero(mask)
+        if idx.size * 16 <= k:
+            st.max_rel = max(st.max_rel, _rel_exact(d[idx], ew[idx], st.tiny))
+            return
+    # many candidates: all of them, in the work dtype; then in float64 those within rounding of the
+    # max (the float64 value is the reported one, as on the torch path; overflows are all kept)
+    a = bufs.tmp[:k]
+    np.abs(ew, out=a)
+    np.less(a, st.tiny, out=mask)
+    if mask.any():
+        np.putmask(a, mask, st.tiny)
+    np.divide(d, a, out=a)
+    r = a.max()
+    if r > 0:
+        np.greater_equal(a, r * (1 - 2.0**-18) if st.np_work == np.float32 else r, out=mask)
+        idx = np.flatnonzero(mask)
+        st.max_rel = max(st.max_rel, _rel_exact(d[idx], ew[idx], st.tiny))
+
+
+def _low_rel(u: int, p: int) -> float:
+    c = u * 2.0 ** -(p + 1)
+    return c / (1 + c)
+
+
+def _rel_exact(d: np.ndarray, ew: np.ndarray, tiny: float) -> float:
+    if not d.size:
+        return 0.0
+    d64 = d.astype(np.float64)
+    rel = d64 / np.maximum(np.abs(ew.astype(np.float64)), tiny)
+    return float(np.where(d64 > 0, rel, 0.0).max())
+
+
+def _tolerance_chunk(ew: np.ndarray, d: np.ndarray, st: _Stats, bufs: _Buffers, above: np.ndarray | None, t_above: float) -> None:
+    """Count d > atol + rtol*|e| (evaluated in float64) for a chunk of finite values: a cheap lower
+    bound of the right side in the work dtype picks the candidates, float64 decides. `above` (when
+    not None) holds the indices of every d > t_above."""
+    atol, rtol = st.tol  # type: ignore[misc]
+    atol_work = st.atol_work  # d > atol_work <=> d > atol, and atol + rtol*|e| >= atol in float64 too
+    k = d.size
+    mask = bufs.mask[:k]
+    if st.np_work == np.float64:
+        b = bufs.tmp[:k]
+        np.abs(ew, out=b)
+        np.multiply(b, rtol, out=b)
+        np.add(b, atol, out=b)
+        np.greater(d, b, out=mask)
+        st.oot += int(np.count_nonzero(mask))
+        return
+    # float32: bounds of atol + rtol*|e| with a 2**-16 relative margin (>> the float32 rounding of
+    # the two ops); an atol >= 2**-100 also gives an absolute margin over subnormal rounding
+    tiny_atol = atol < 2.0**-100
+    if above is not None and t_above <= atol_work:
+        idx = above[d[above] > atol_work]
+    else:
+        np.greater(d, atol_work, out=mask)
+        c = int(np.count_nonzero(mask))
+        if not c or rtol == 0:  # atol + 0*|e| == atol
+            st.oot += c
+            return
+        if c * 16 > k and max(atol, rtol) < 2.0**127:
+            # many candidates (a failing comparison): d above an upper bound is out; only the few
+            # between the lower and the upper bound need float64
+            lo, hi, above_hi = bufs.tmp[:k], bufs.tmp2[:k], bufs.mask2[:k]
+            np.abs(ew, out=lo)
+            if not tiny_atol:
+                np.multiply(lo, _round_up(rtol * (1 + 2.0**-16)), out=hi)
+                np.add(hi, _round_up(atol * (1 + 2.0**-16)), out=hi)
+                np.greater(d, hi, out=above_hi)
+            np.multiply(lo, _round_down(rtol * (1 - 2.0**-16), np.float32), out=lo)
+            if tiny_atol:
+                np.subtract(lo, np.float32(2.0**-149), out=lo)  # covers the subnormal rounding
+            else:
+                np.add(lo, _round_down(atol * (1 - 2.0**-16), np.float32), out=lo)
+            np.greater(d, lo, out=mask)
+            if tiny_atol:
+                np.logical_and(mask, d > 0, out=mask)
+            else:
+                st.oot += int(np.count_nonzero(above_hi))
+                np.logical_and(mask, ~above_hi, out=mask)
+        idx = np.flatnonzero(mask)
+    if idx.size:
+        d64 = d[idx].astype(np.float64)
+        st.oot += int(np.count_nonzero(d64 > atol + rtol * np.abs(ew[idx].astype(np.float64))))
+
+
+def _exact_chunk(ew: np.ndarray, gw: np.ndarray, eb: np.ndarray | None, gb: np.ndarray | None, start: int, st: _Stats) -> None:
+    """Every rule with explicit masks, in float64: chunks with NaN/Inf (or an overflowing
+    difference), and integer/bool tensors."""
+    k = ew.size
+    d = np.abs(ew - gw)
+    mis: np.ndarray | None = None
+    n_mis = 0
+    if st.floating:
+        en, gn = np.isnan(ew), np.isnan(gw)
+        ei, gi = np.isinf(ew), np.isinf(gw)
+        same_inf = ei & gi & (ew == gw)
+        nan_mis = en ^ gn
+        inf_mis = (ei | gi) & ~same_inf & ~(en | gn)
+        mis = nan_mis | inf_mis
+        d[mis | (en & gn) | same_inf] = 0
+        st.nan_mismatch += int(np.count_nonzero(nan_mis))
+        st.inf_mismatch += int(np.count_nonzero(inf_mis))
+        n_mis = int(np.count_nonzero(mis))
+        if n_mis and st.first_mismatch is None:
+            st.first_mismatch = start + int(np.flatnonzero(mis)[0])
+    d64 = d.astype(np.float64)
+    for i, t in enumerate(st.thr):
+        st.counts[i] += int(np.count_nonzero(d64 > t)) + n_mis
+    if n_mis < k:
+        finite = d64 if mis is None else np.where(mis, -1.0, d64)
+        i = int(finite.argmax())
+        st.see_max(float(finite[i]), start + i)
+    st.sum_abs += float(d64.sum())
+    pos = d64 > 0  # pairs that differ and are not mismatches
+    if pos.any():
+        st.max_rel = max(st.max_rel, _rel_exact(d64[pos], ew[pos], st.tiny))
+        if eb is not None and gb is not None:
+            st.max_ulp = max(st.max_ulp, _ulp_exact(eb[pos], gb[pos]))
+    if st.tol is not None:
+        atol, rtol = st.tol
+        out = d64 > atol + rtol * np.abs(ew.astype(np.float64))
+        if mis is not None:
+            out &= ~mis
+        st.oot += int(np.count_nonzero(out)) + n_mis
+
+
+def _ulp_exact(eb: np.ndarray, gb: np.ndarray) -> float:
+    """Max |ordered(e) - ordered(g)| of IEEE bit patterns, exact (the 64-bit distance, up to 2**64,
+    is rounded once to float64)."""
+    if not eb.size:
+        return 0.0
+    nbits = eb.dtype.itemsize * 8
+    if nbits < 64:
+        mag = (1 << (nbits - 1)) - 1
+        e = eb.astype(np.int64)
+        g = gb.astype(np.int64)
+        oe = np.where(e < 0, -(e & mag), e)
+        og = np.where(g < 0, -(g & mag), g)
+        return float(np.abs(oe - og).max())
+    mag64 = np.int64(0x7FFFFFFFFFFFFFFF)
+    oe = np.where(eb < 0, -(eb & mag64), eb)
+    og = np.where(gb < 0, -(gb & mag64), gb)
+    hi = (oe >> 11) - (og >> 11)  # |hi| < 2**53: exact as float64
+    lo = (oe & 2047) - (og & 2047)
+    return float(np.abs(hi * 2048.0 + lo).max())
+
+
+# ------------------------------------------------------------------------------------------------
+# any device: the whole tensor at once with torch (the CUDA path)
+
+
+def _torch_pass(ef: torch.Tensor, gf: torch.Tensor, st: _Stats) -> None:
+    ew, gw = ef.to(st.work), gf.to(st.work)
+    d = (ew - gw).abs_()
+    f64 = torch.float64
+    zero = torch.zeros((), dtype=f64, device=ef.device)
+    if st.floating:
+        en, gn = ew.isnan(), gw.isnan()
+        ei, gi = ew.isinf(), gw.isinf()
+        same_inf = ei & gi & (ew == gw)
+        nan_mis = en ^ gn
+        inf_mis = (ei | gi) & ~same_inf & ~(en | gn)
+        mis = nan_mis | inf_mis
+        d.masked_fill_(mis | (en & gn) | same_inf, 0)
+        n_nan, n_inf = nan_mis.sum(), inf_mis.sum()
+        n_mis = n_nan + n_inf
+        first_mis = mis.to(torch.uint8).argmax()
+        finite = d.masked_fill(mis, -1)
+    else:
+        n_nan = n_inf = n_mis = first_mis = zero
+        mis = None
+        finite = d
+    scalars = [((d > float(t)).sum() + n_mis) for t in st.thr_work]
+    i = finite.argmax()  # the first occurrence of the max
+    pos = d > 0
+    d64 = d.to(f64)
+    e64 = ew.to(f64)
+    rel = torch.where(pos, d64 / e64.abs().clamp_min(st.tiny), zero).max()
+    ulp = torch.where(pos, _ulp_torch(ef, gf, _BITS[st.dt]), zero).max() if st.floating else zero
+    if st.tol is not None:
+        atol, rtol = st.tol
+        oot = (d64 > e64.abs() * rtol + atol).sum() + n_mis
+    else:
+        oot = zero
+    scalars += [finite[i], i, d64.sum(), rel, ulp, n_nan, n_inf, n_mis, first_mis, oot]
+    values = torch.stack([s.to(f64) for s in scalars]).tolist()
+    nt = len(st.thr)
+    st.counts = [int(c) for c in values[:nt]]
+    m, idx, s, rel_v, ulp_v, nn, ni, nm, fm, oot_v = values[nt:]
+    if nm < ef.numel():
+        st.see_max(m, int(idx))
+    st.sum_abs = s
+    st.max_rel = rel_v
+    st.max_ulp = ulp_v
+    st.nan_mismatch, st.inf_mismatch = int(nn), int(ni)
+    if nm:
+        st.first_mismatch = int(fm)
+    st.oot = int(oot_v)
+
+
+def _ulp_torch(ef: torch.Tensor, gf: torch.Tensor, bits: torch.dtype) -> torch.Tensor:
+    """|ordered(e) - ordered(g)| per element, as float64 (exact; 64-bit distances rounded once)."""
+    wide = torch.int32 if bits == torch.int16 else torch.int64
+    mag = torch.iinfo(bits).max
+    e = ef.view(bits).to(wide)
+    g = gf.view(bits).to(wide)
+    oe = torch.where(e < 0, -(e & mag), e)
+    og = torch.where(g < 0, -(g & mag), g)
+    if bits != torch.int64:
+        return (oe - og).abs_().to(torch.float64)
+    hi = (oe >> 11) - (og >> 11)
+    lo = (oe & 2047) - (og & 2047)
+    return (hi.to(torch.float64) * 2048.0 + lo.to(torch.float64)).abs_()
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,0 +1,645 @@
+"""compare() / DiffReport against an independent float64 numpy reference of the documented semantics.
+
+The reference (`reference()` below) shares no code with pytest_ortdiff.diff: it computes |e - g| in the
+work dtype (float32 for float16/bfloat16/float32, float64 for float64 and 32/64-bit ints), then every
+comparison in float64, NaN/Inf rules with explicit masks and ULP distances with Python integers.
+The implementation is run three ways against it: its CPU chunked path with the real chunk size, the
+same path with tiny chunks (so that every chunk boundary, the fast path and the special-value path
+meet in one tensor), and the device-agnostic torch path that CUDA tensors take. Everything but
+mean_abs (summation order) must agree exactly, max_rel included: both sides divide the same float64
+numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_ortdiff import diff
+from pytest_ortdiff.diff import DEFAULT_THRESHOLDS, DiffReport, ShapeMismatchError, compare
+
+# ORTDIFF_EXAMPLES=2000 for a long hunt; the default keeps the file under ~20 s
+SETTINGS = settings(max_examples=int(os.environ.get("ORTDIFF_EXAMPLES", "50")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+FLOAT_KINDS = ("float16", "bfloat16", "float32", "float64")
+KINDS = (*FLOAT_KINDS, "int32", "bool")
+# smallest positive normal of each float dtype (denominator floor of the relative error); ints: 1
+TINY = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
+NBITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+NP_DTYPE = {"float16": np.float16, "bfloat16": np.float32, "float32": np.float32, "float64": np.float64, "int32": np.int32, "bool": np.bool_}
+
+
+# ------------------------------------------------------------------------------------------------
+# the reference
+
+
+def _work(kind: str) -> Any:
+    return np.float64 if kind in ("float64", "int32") else np.float32
+
+
+def _bits(x: np.ndarray, kind: str) -> np.ndarray:
+    """IEEE bit patterns as non-negative integers: int64 up to 32 bits, Python ints (object) for 64
+    (bfloat16 values are held in float32 arrays)."""
+    x = x.reshape(-1)
+    if kind == "float16":
+        return x.view(np.uint16).astype(np.int64)
+    if kind == "bfloat16":
+        return x.astype(np.float32).view(np.uint32).astype(np.int64) >> 16
+    if kind == "float32":
+        return x.view(np.uint32).astype(np.int64)
+    return np.array([int(b) for b in x.view(np.uint64)], dtype=object)
+
+
+def _ordered(bits: Any, nbits: int) -> Any:
+    """sign-magnitude -> integers increasing with the value (+0 and -0 both 0); works elementwise."""
+    mag = bits & ((1 << (nbits - 1)) - 1)
+    return np.where(bits >> (nbits - 1) != 0, -mag, mag)
+
+
+def reference(e: np.ndarray, g: np.ndarray, kind: str, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, tol: tuple[float, float] | None = None) -> dict[str, Any]:
+    e = np.ascontiguousarray(e).reshape(-1)
+    g = np.ascontiguousarray(g).reshape(-1)
+    n = e.size
+    floating = kind in FLOAT_KINDS
+    with np.errstate(all="ignore"):
+        ew, gw = e.astype(_work(kind)), g.astype(_work(kind))
+        d = np.abs(ew - gw).astype(np.float64)  # rounded in the work dtype, then exact in float64
+        e64 = ew.astype(np.float64)
+        if floating:
+            en, gn = np.isnan(e64), np.isnan(gw.astype(np.float64))
+            ei, gi = np.isinf(e64), np.isinf(gw.astype(np.float64))
+            same_inf = ei & gi & (ew == gw)
+            nan_mis = en != gn
+            inf_mis = (ei | gi) & ~same_inf & ~en & ~gn
+        else:
+            nan_mis = inf_mis = same_inf = en = gn = np.zeros(n, bool)
+        mis = nan_mis | inf_mis
+        equal = (en & gn) | same_inf
+        d[mis | equal] = 0.0
+        fp = ~mis  # the "finite pairs": everything but mismatches
+        counted = np.where(mis, np.inf, d)
+        counts = {float(t): int(np.count_nonzero(counted > t)) for t in sorted(set(map(float, thresholds)))}
+        if fp.any():
+            max_abs = float(d[fp].max())
+            argmax = int(np.flatnonzero(fp & (d == max_abs))[0])
+        else:
+            max_abs, argmax = 0.0, 0
+        if max_abs == 0 and mis.any():
+            argmax = int(np.flatnonzero(mis)[0])
+        tiny = TINY.get(kind, 1.0)
+        rel = np.where(d > 0, d / np.maximum(np.abs(e64), tiny), 0.0)
+        max_rel = float(rel.max()) if n else 0.0
+        if floating:
+            nb = NBITS[kind]
+            dist = np.abs(_ordered(_bits(e, kind), nb) - _ordered(_bits(g, kind), nb))
+            max_ulp = float(max(dist[d > 0].tolist(), default=0))  # Python ints: exact, then rounded once
+        else:
+            max_ulp = max_abs
+        oot = None
+        if tol is not None:
+            atol, rtol = tol
+            oot = int(np.count_nonzero(mis | (fp & (d > atol + rtol * np.abs(e64)))))
+        mean_abs = float(d.sum()) / n if n else 0.0
+    return {
+        "n": n,
+        "counts": counts,
+        "max_abs": max_abs,
+        "argmax_flat": argmax if n else None,
+        "max_rel": max_rel,
+        "max_ulp": max_ulp,
+        "mean_abs": mean_abs,
+        "nan_mismatch": int(nan_mis.sum()),
+        "inf_mismatch": int(inf_mis.sum()),
+        "out_of_tolerance": oot,
+        "e_at": float(e[argmax]) if n else None,
+        "g_at": float(g[argmax]) if n else None,
+    }
+
+
+def _same_float(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def assert_matches(report: DiffReport, ref: dict[str, Any], shape: tuple[int, ...]) -> None:
+    where = f"report={report.to_dict()}\nreference={ref}"
+    assert report.n == ref["n"], where
+    assert report.shape == tuple(shape), where
+    assert dict(report.counts) == ref["counts"], where
+    assert report.max_abs == ref["max_abs"], where
+    assert report.max_ulp == ref["max_ulp"], where
+    assert report.nan_mismatch == ref["nan_mismatch"], where
+    assert report.inf_mismatch == ref["inf_mismatch"], where
+    assert report.out_of_tolerance == ref["out_of_tolerance"], where
+    if ref["argmax_flat"] is None:
+        assert report.argmax is None, where
+    else:
+        expected_index = tuple(int(i) for i in np.unravel_index(ref["argmax_flat"], shape)) if shape else ()
+        assert report.argmax == expected_index, where
+        assert _same_float(report.expected_at_max, ref["e_at"]), where
+        assert _same_float(report.got_at_max, ref["g_at"]), where
+    assert report.max_rel == ref["max_rel"], where  # both in float64 from the same |e - g|
+    assert math.isclose(report.mean_abs, ref["mean_abs"], rel_tol=1e-5, abs_tol=1e-30), where
+
+
+# ------------------------------------------------------------------------------------------------
+# inputs
+
+
+def to_tensor(x: np.ndarray, kind: str) -> torch.Tensor:
+    t = torch.from_numpy(np.array(x, copy=True, order="C"))  # (ascontiguousarray makes 0-d 1-d)
+    return t.to(torch.bfloat16) if kind == "bfloat16" else t
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (by torch), held in float32."""
+    t = torch.from_numpy(np.array(x, dtype=np.float32, copy=True, order="C"))
+    return t.to(torch.bfloat16).to(torch.float32).numpy()
+
+
+def _elements(kind: str, special: bool) -> st.SearchStrategy[Any]:
+    if kind == "int32":
+        return st.integers(-(2**31), 2**31 - 1)
+    if kind == "bool":
+        return st.booleans()
+    width = {"float16": 16, "bfloat16": 32, "float32": 32, "float64": 64}[kind]
+    wide = st.floats(width=width, allow_nan=special, allow_infinity=special, allow_subnormal=True)
+    if kind == "float16":
+        return wide
+    # most real values are moderate; mix in the extremes the wide strategy finds
+    return st.one_of(st.floats(-4, 4, width=width), wide)
+
+
+def _step(x: np.ndarray, k: np.ndarray, kind: str) -> np.ndarray:
+    """x moved by k representable values (k may be negative), by bit arithmetic on the magnitude."""
+    nb = NBITS[kind]
+    lim = (1 << (nb - 1)) - 1
+    o = np.clip(_ordered(_bits(x, kind), nb) + k.reshape(-1).astype(np.int64).astype(object if nb == 64 else np.int64), -lim, lim)
+    bits = np.where(o >= 0, o, (-o) | (1 << (nb - 1)))
+    if nb == 64:
+        return np.array([int(b) for b in bits], dtype=np.uint64).view(np.float64).reshape(x.shape)
+    if kind == "bfloat16":
+        return (bits.astype(np.uint32) << 16).view(np.float32).reshape(x.shape)
+    return bits.astype({16: np.uint16, 32: np.uint32}[nb]).view(x.dtype).reshape(x.shape)
+
+
+@st.composite
+def pairs(draw: st.DrawFn, kind: str, *, special: bool = True, max_side: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    """(expected, got) of one kind: independent values, shared values (NaN==NaN, ±0, Inf) and near
+    values a few ULPs apart, with sign flips."""
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=max_side))
+    dtype = NP_DTYPE[kind]
+    elems = _elements(kind, special)
+    e = draw(hnp.arrays(dtype, shape, elements=elems))
+    other = draw(hnp.arrays(dtype, shape, elements=elems))
+    if kind == "bfloat16":
+        e, other = bf16_round(e), bf16_round(other)
+    mode = draw(st.sampled_from(["independent", "shared", "near"]))
+    if mode == "independent":
+        return e, other
+    same = draw(hnp.arrays(np.bool_, shape))
+    g = np.where(same, e, other).astype(dtype)
+    if kind in FLOAT_KINDS:
+        if mode == "near":
+            k = draw(hnp.arrays(np.int64, shape, elements=st.integers(-3, 3) | st.integers(-40000, 40000)))
+            g = np.where(same, _step(e, k, kind), other).astype(dtype)
+        flip = draw(hnp.arrays(np.bool_, shape))
+        g = np.where(flip, -g, g).astype(dtype)  # -0 vs +0, -NaN vs NaN, x vs -x
+    return e, g
+
+
+tolerances = st.none() | st.tuples(
+    st.sampled_from([0.0, 5e-324, 1e-40, 1e-5, 1e-3, 1e-2, 0.5]) | st.floats(0, 10),
+    st.sampled_from([0.0, 1e-6, 1e-3, 1e-2, 0.5]) | st.floats(0, 2),
+)
+threshold_sets = st.just(DEFAULT_THRESHOLDS) | st.lists(
+    st.sampled_from([0.0, 1e-45, 1e-30, 1e-7, 0.1, 0.3, 1.0, 1e10, 3.5e38, 1e300]) | st.floats(0, 100), min_size=1, max_size=6
+)
+
+
+@contextlib.contextmanager
+def path(name: str) -> Iterator[None]:
+    """Run compare() on one code path: "chunked" (the CPU path as shipped), "tiny-chunks" (the CPU
+    path with 4-element chunks) or "torch" (the whole-tensor path that CUDA tensors take)."""
+    old = diff._CHUNK, diff._FORCE_TORCH
+    try:
+        if name == "tiny-chunks":
+            diff._CHUNK = 4
+        elif name == "torch":
+            diff._FORCE_TORCH = True
+        yield
+    finally:
+        diff._CHUNK, diff._FORCE_TORCH = old
+
+
+PATHS = ("chunked", "tiny-chunks", "torch")
+
+
+# ------------------------------------------------------------------------------------------------
+# property tests against the reference
+
+
+@pytest.mark.parametrize("code_path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+@SETTINGS
+@given(data=st.data())
+def test_matches_reference(kind: str, code_path: str, data: st.DataObject) -> None:
+    e, g = data.draw(pairs(kind))
+    tol = data.draw(tolerances)
+    thr = data.draw(threshold_sets)
+    with path(code_path):
+        report = compare(to_tensor(e, kind), to_tensor(g, kind), thresholds=thr, tolerance=tol)
+    assert report.dtype == kind
+    assert report.thresholds == tuple(sorted(set(map(float, thr))))
+    assert_matches(report, reference(e, g, kind, thr, tol), e.shape)
+
+
+@pytest.mark.parametrize("code_path", PATHS)
+@pytest.mark.parametrize("kind", FLOAT_KINDS)
+@SETTINGS
+@given(data=st.data())
+def test_finite_values_match_reference(kind: str, code_path: str, data: st.DataObject) -> None:
+    """Without NaN/Inf every chunk takes the fast path (the one real outputs take)."""
+    e, g = data.draw(pairs(kind, special=False, max_side=12))
+    tol = data.draw(tolerances)
+    with path(code_path):
+        report = compare(to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
+    assert_matches(report, reference(e, g, kind, DEFAULT_THRESHOLDS, tol), e.shape)
+
+
+@pytest.mark.parametrize("code_path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+@SETTINGS
+@given(data=st.data())
+def test_self_compare_is_exact(kind: str, code_path: str, data: st.DataObject) -> None:
+    e, _ = data.draw(pairs(kind))
+    with path(code_path):
+        r = compare(to_tensor(e, kind), to_tensor(e.copy(), kind), tolerance=(0.0, 0.0))
+    assert r.is_exact
+    assert r.max_abs == r.max_rel == r.max_ulp == r.mean_abs == 0
+    assert r.nan_mismatch == r.inf_mismatch == r.out_of_tolerance == 0
+    assert set(r.counts.values()) <= {0}
+    assert r.n == e.size
+
+
+@pytest.mark.parametrize("kind", FLOAT_KINDS)
+@SETTINGS
+@given(data=st.data())
+def test_counts_are_non_increasing_in_the_threshold(kind: str, data: st.DataObject) -> None:
+    e, g = data.draw(pairs(kind))
+    thr = data.draw(st.lists(st.floats(0, 1e6), min_size=1, max_size=8))
+    r = compare(to_tensor(e, kind), to_tensor(g, kind), thresholds=thr)
+    values = [r.counts[t] for t in r.thresholds]
+    assert values == sorted(values, reverse=True)
+    assert values[0] <= r.n
+    # a mismatch exceeds every threshold
+    assert values[-1] >= r.nan_mismatch + r.inf_mismatch
+
+
+# ------------------------------------------------------------------------------------------------
+# the chunked CPU path on tensors larger than a chunk
+
+
+def _perturbed(kind: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Like two runtimes' outputs: most elements 0-3 ULP apart, a few far off, some exact zeros."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    x[rng.random(n) < 0.01] = 0.0
+    e = bf16_round(x) if kind == "bfloat16" else x.astype(NP_DTYPE[kind])
+    k = rng.integers(-3, 4, n)
+    g = _step(e, k, kind) if kind != "float64" else e + e * 1e-15 * k
+    far = rng.choice(n, 20, replace=False)
+    g[far] = e[far] + rng.standard_normal(20).astype(g.dtype)
+    return e, bf16_round(g) if kind == "bfloat16" else g.astype(e.dtype)
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16", "float32"])
+def test_chunked_path_matches_reference_across_chunks(kind: str) -> None:
+    n = 3 * diff._CHUNK + 12345
+    e, g = _perturbed(kind, n, seed=1)
+    # the worst element, a NaN mismatch and a sign flip near zero sit in later chunks
+    last = 3 * diff._CHUNK + 100
+    g[last] = e[last] + 50
+    g[2 * diff._CHUNK + 7] = np.nan
+    e[diff._CHUNK + 3], g[diff._CHUNK + 3] = 2**-10, -(2**-10)
+    if kind == "bfloat16":
+        g = bf16_round(g)
+    tol = (1e-2, 1e-2)
+    ref = reference(e, g, kind, DEFAULT_THRESHOLDS, tol)
+    for code_path in ("chunked", "torch"):
+        with path(code_path):
+            r = compare(to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
+        assert_matches(r, ref, e.shape)
+        assert r.argmax == (last,)
+        assert r.nan_mismatch == 1
+
+
+def test_chunked_path_3d_float16_argmax_in_last_chunk() -> None:
+    shape = (3, 257, 1031)  # not a multiple of the chunk size
+    e, g = _perturbed("float16", math.prod(shape), seed=2)
+    e, g = e.reshape(shape), g.reshape(shape)
+    g[2, 256, 1030] = e[2, 256, 1030] + np.float16(200)
+    r = compare(torch.from_numpy(e), torch.from_numpy(g), tolerance=(1e-3, 1e-3))
+    assert r.argmax == (2, 256, 1030)
+    assert_matches(r, reference(e, g, "float16", DEFAULT_THRESHOLDS, (1e-3, 1e-3)), shape)
+
+
+def test_first_occurrence_of_the_max_wins_across_chunks() -> None:
+    n = 2 * diff._CHUNK + 10
+    e = np.zeros(n, np.float32)
+    g = np.zeros(n, np.float32)
+    g[[5, diff._CHUNK + 1, 2 * diff._CHUNK + 3]] = 2.0
+    r = compare(torch.from_numpy(e), torch.from_numpy(g))
+    assert r.argmax == (5,)
+    assert r.counts[1.0] == 3
+
+
+def test_concurrent_compares_share_the_worker_pool() -> None:
+    pairs_ = [_perturbed("float16", 2 * diff._CHUNK + 999, seed=s) for s in range(4)]
+    tensors = [(torch.from_numpy(e), torch.from_numpy(g)) for e, g in pairs_]
+    alone = [compare(e, g, tolerance=(1e-3, 1e-3)).to_dict() for e, g in tensors]
+    with ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(lambda p: compare(*p, tolerance=(1e-3, 1e-3)).to_dict(), tensors))
+    assert together == alone
+
+
+def test_non_contiguous_and_numpy_inputs() -> None:
+    e = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    g = e.clone()
+    g[1, 2] += 0.5
+    r = compare(e.t(), g.t())
+    assert r.argmax == (2, 1) and r.max_abs == 0.5 and r.shape == (6, 4)
+    r2 = compare(e.numpy(), g.numpy())
+    assert r2.argmax == (1, 2) and r2.counts[0.1] == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# hand-picked edges
+
+
+def test_nan_inf_semantics() -> None:
+    inf, nan = math.inf, math.nan
+    e = np.array([nan, nan, inf, inf, -inf, 1.0, inf, nan, 0.0, 2.0], np.float32)
+    g = np.array([nan, -nan, inf, -inf, -inf, nan, 1.0, inf, -0.0, 2.5], np.float32)
+    r = compare(torch.from_numpy(e), torch.from_numpy(g), tolerance=(1.0, 0.0))
+    assert r.nan_mismatch == 2  # 1 vs NaN, NaN vs inf (a NaN makes it a NaN mismatch)
+    assert r.inf_mismatch == 2  # +inf vs -inf, inf vs 1
+    assert r.max_abs == 0.5 and r.argmax == (9,)
+    assert r.counts[0.0] == 5 and r.counts[100.0] == 4
+    assert r.out_of_tolerance == 4  # the mismatches; 0.5 <= atol
+    assert r.max_ulp == 2**21  # 2.0 -> 2.5 in float32
+    assert r.mean_abs == pytest.approx(0.5 / 10)
+
+
+def test_only_mismatches_put_argmax_on_the_first_one() -> None:
+    e = torch.tensor([1.0, 2.0, math.inf, 3.0])
+    g = torch.tensor([1.0, 2.0, 5.0, math.nan])
+    r = compare(e, g)
+    assert r.max_abs == 0 and r.argmax == (2,)
+    assert r.expected_at_max == math.inf and r.got_at_max == 5.0
+    assert r.counts == dict.fromkeys(DEFAULT_THRESHOLDS, 2)
+
+
+def test_signed_zero_and_nan_payloads_are_equal() -> None:
+    e = torch.tensor([0.0, -0.0, math.nan], dtype=torch.float16)
+    g = torch.tensor([-0.0, 0.0, math.nan], dtype=torch.float16)
+    g[2:].view(torch.int16).fill_(-1)  # a negative NaN with another payload
+    assert compare(e, g).is_exact
+    assert compare(e, g).max_ulp == 0
+
+
+def test_overflowing_difference_of_finite_values_is_infinite() -> None:
+    """float32 max vs -max: |e-g| overflows float32, the work dtype; it is a finite pair with an
+    infinite difference (reported as such, not as a NaN/Inf mismatch)."""
+    big = np.finfo(np.float32).max
+    e = torch.tensor([1.0, big])
+    g = torch.tensor([1.0, -big])
+    r = compare(e, g, tolerance=(1.0, 1.0))
+    assert r.max_abs == math.inf and r.argmax == (1,) and r.max_rel == math.inf
+    assert r.inf_mismatch == 0 and r.nan_mismatch == 0
+    assert r.counts[100.0] == 1 and r.out_of_tolerance == 1
+    assert r.max_ulp == 2 * 0x7F7FFFFF
+
+
+def test_thresholds_are_exact_not_rounded_to_the_work_dtype() -> None:
+    """float32(0.1) > 0.1: an element off by exactly float32(0.1) is above the 0.1 threshold."""
+    e = torch.tensor([0.1, 0.0, 0.3], dtype=torch.float32)
+    g = torch.zeros(3)
+    for code_path in PATHS:
+        with path(code_path):
+            r = compare(e, g, thresholds=[0.1, 0.3, float(np.float32(0.3))])
+        assert r.counts == {0.1: 2, 0.3: 1, float(np.float32(0.3)): 0}, code_path
+
+
+def test_tolerance_boundary_is_inclusive() -> None:
+    e = torch.tensor([1.0, 1.0, 4.0])
+    g = torch.tensor([1.5, 1.5000001, 4.5])
+    for code_path in PATHS:
+        with path(code_path):
+            # numpy's allclose: |d| <= atol + rtol*|e| passes
+            assert compare(e, g, tolerance=(0.5, 0.0)).out_of_tolerance == 1
+            assert compare(e, g, tolerance=(0.0, 0.125)).out_of_tolerance == 2  # 0.5 <= 0.125*4
+            assert compare(e, g, tolerance=(0.0, 0.5)).out_of_tolerance == 1
+
+
+@pytest.mark.parametrize("atol", [0.0, 1e-30])
+def test_tolerance_is_exact_where_float32_rounding_would_decide(atol: float) -> None:
+    """The bound atol + rtol*|e| is evaluated in float64. In float32, 0.75 * e rounds up onto d."""
+    e = np.float32(float.fromhex("0x1.d0327ap+0"))
+    d = e * np.float32(0.75)  # float32: rounded up, above the float64 product
+    assert float(d) > 0.75 * float(e)
+    g = e - d  # exact: |e - g| == d
+    for code_path in PATHS:
+        with path(code_path):
+            r = compare(torch.tensor([e]), torch.tensor([g]), tolerance=(atol, 0.75))
+        assert r.max_abs == float(d) and r.out_of_tolerance == 1, code_path
+
+
+def test_tolerance_is_exact_for_subnormal_bounds() -> None:
+    """rtol*|e| = 0.75 * 2**-149 rounds (in float32) up to 2**-149, the difference itself."""
+    e = np.float32(2.0**-140)
+    g = np.float32(2.0**-140 + 2.0**-149)
+    for code_path in PATHS:
+        with path(code_path):
+            r = compare(torch.tensor([e]), torch.tensor([g]), tolerance=(0.0, 0.75 * 2.0**-9))
+        assert r.out_of_tolerance == 1, code_path
+        with path(code_path):
+            r = compare(torch.tensor([e]), torch.tensor([g]), tolerance=(0.0, 2.0**-9))
+        assert r.out_of_tolerance == 0, code_path  # d == rtol*|e| exactly: inside
+
+
+def test_tolerance_is_exact_where_float32_rounding_would_count_an_element_out() -> None:
+    """float32(float32(e*rtol) + atol) falls more than one float32 step below the float64 bound:
+    d is above the float32 sum but inside the float64 one."""
+    e, g = np.float32(1.2804087400436401), np.float32(-0.3272898197174072)
+    tol = (0.9826634798211148, 0.4881527795453081)
+    d = e - g
+    assert float(d) <= tol[0] + tol[1] * float(e)
+    assert d > np.float32(np.float32(e * np.float32(tol[1])) + np.float32(tol[0]))
+    for code_path in PATHS:
+        with path(code_path):
+            assert compare(torch.tensor([e]), torch.tensor([g]), tolerance=tol).out_of_tolerance == 0, code_path
+
+
+def test_tolerance_is_exact_where_float32_rounding_of_rtol_would_decide() -> None:
+    """The same with a negligible atol: float32(rtol) and the product round down past d."""
+    e, g = np.float32(1.7503966093063354), np.float32(0.7709215879440308)
+    tol = (8.077935669463161e-28, 0.5595731983063726)
+    assert float(e - g) <= tol[0] + tol[1] * float(e)
+    for code_path in PATHS:
+        with path(code_path):
+            assert compare(torch.tensor([e]), torch.tensor([g]), tolerance=tol).out_of_tolerance == 0, code_path
+
+
+def test_tolerance_candidates_taken_from_the_histogram() -> None:
+    """atol equal to a histogram threshold: the candidates come from that threshold's pass."""
+    e = torch.zeros(1000)
+    g = torch.zeros(1000)
+    g[::100] = 0.0101
+    g[5] = 0.01  # exactly atol: inside
+    for tol in [(0.01, 0.0), (0.01, 1e-3)]:
+        for code_path in PATHS:
+            with path(code_path):
+                r = compare(e, g, tolerance=tol)
+            assert r.out_of_tolerance == 10 and r.counts[0.01] == 10, (tol, code_path)
+
+
+def test_relative_error_max_found_in_a_later_chunk() -> None:
+    """The running maximum lets chunks be skipped; one whose ULP distance can still beat it is not."""
+    e = torch.ones(16, dtype=torch.float16)  # 4 chunks of 4: both pairs in the first worker's range
+    g = e.clone()
+    g[0] = 1 + 10 * 2**-10  # rel 0.0098, 10 ULP
+    g[4] = 1 + 14 * 2**-10  # rel 0.0137, 14 ULP, in the second chunk
+    for code_path in PATHS:
+        with path(code_path):
+            r = compare(e, g)
+        assert r.max_rel == 14 * 2**-10 and r.max_ulp == 14 and r.argmax == (4,), code_path
+
+
+def test_relative_error_uses_tiny_floor_and_does_not_overflow() -> None:
+    r = compare(torch.tensor([0.0, 1.0], dtype=torch.bfloat16), torch.tensor([8.0, 1.0], dtype=torch.bfloat16))
+    assert r.max_rel == pytest.approx(8.0 / 2.0**-126, rel=1e-6)  # 6.8e38: more than float32 holds
+    r = compare(torch.tensor([0.0, 2.0], dtype=torch.float16), torch.tensor([1.0, 3.0], dtype=torch.float16))
+    assert r.max_rel == pytest.approx(2.0**14)
+
+
+def test_integer_and_bool_compare_exactly() -> None:
+    e = torch.tensor([2**31 - 1, -(2**31), 5], dtype=torch.int32)
+    g = torch.tensor([-(2**31), 2**31 - 1, 5], dtype=torch.int32)
+    r = compare(e, g, tolerance=(0.0, 0.0))
+    assert r.max_abs == 2.0**32 - 1 and r.max_ulp == r.max_abs and r.argmax == (0,)
+    assert r.counts[0.0] == 2 and r.out_of_tolerance == 2 and r.dtype == "int32"
+    b = compare(torch.tensor([True, False, True]), torch.tensor([True, True, True]))
+    assert b.dtype == "bool" and b.max_abs == 1 and b.argmax == (1,) and b.counts[0.1] == 1 and b.counts[1.0] == 0
+
+
+def test_empty_and_scalar_tensors() -> None:
+    r = compare(torch.empty(0, 3), torch.empty(0, 3))
+    assert r.n == 0 and r.argmax is None and r.max_abs == 0 and r.mean_abs == 0
+    assert all(c == 0 for c in r.counts.values())
+    s = compare(torch.tensor(1.0), torch.tensor(1.25))
+    assert s.shape == () and s.argmax == () and s.max_abs == 0.25
+
+
+# ------------------------------------------------------------------------------------------------
+# nested structures
+
+
+def test_nested_dict_and_list_aggregate() -> None:
+    a_e = torch.zeros(4)
+    a_g = torch.tensor([0.0, 0.1, 0.0, 0.0])
+    b_e = torch.zeros(2, 3, dtype=torch.float16)
+    b_g = b_e.clone()
+    b_g[1, 2] = 0.5
+    c_e = [torch.ones(3), torch.ones(1)]
+    c_g = [torch.tensor([1.0, math.nan, 1.0]), torch.ones(1)]
+    r = compare({"a": a_e, "b": b_e, "c": c_e}, {"a": a_g, "b": b_g, "c": c_g}, tolerance=(0.0, 0.0), name="model")
+    leaves = r.leaves()
+    assert [x.name for x in leaves] == ["model.a", "model.b", "model.c[0]", "model.c[1]"]
+    assert r.name == "model" and r.n == 4 + 6 + 3 + 1
+    assert r.max_abs == 0.5 and r.max_rel == max(x.max_rel for x in leaves)
+    assert r.nan_mismatch == 1 and r.out_of_tolerance == 3
+    for t in r.thresholds:
+        assert r.counts[t] == sum(x.counts[t] for x in leaves)
+    # the worst output holds a mismatch: its argmax is reported
+    assert r.argmax == (1,) and math.isnan(r.got_at_max)
+    assert r.dtype == "float16,float32"
+    assert r.mean_abs == pytest.approx((0.1 + 0.5) / 14, rel=1e-6)
+    # without mismatches the output with the largest abs error is the worst
+    r2 = compare([a_e, b_e], [a_g, b_g])
+    assert r2.argmax == (1, 2) and r2.expected_at_max == 0 and r2.got_at_max == 0.5
+
+
+def test_single_element_sequence_is_still_nested() -> None:
+    r = compare([torch.zeros(2)], [torch.ones(2)])
+    assert len(r.outputs) == 1 and r.outputs[0].name == "[0]" and r.counts[0.1] == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# errors
+
+
+def test_shape_mismatch_names_both_shapes() -> None:
+    with pytest.raises(ShapeMismatchError, match=r"out.*\(2, 3\).*\(3, 2\)"):
+        compare({"out": torch.zeros(2, 3)}, {"out": torch.zeros(3, 2)})
+
+
+def test_dtype_mismatch_names_both_dtypes() -> None:
+    with pytest.raises(ShapeMismatchError, match=r"float16.*float32"):
+        compare(torch.zeros(2, dtype=torch.float16), torch.zeros(2, dtype=torch.float32))
+
+
+def test_key_mismatch_names_both_sides() -> None:
+    with pytest.raises(ShapeMismatchError, match=r"missing in got: \['y'\], unexpected in got: \['z'\]"):
+        compare({"x": torch.zeros(1), "y": torch.zeros(1)}, {"x": torch.zeros(1), "z": torch.zeros(1)})
+
+
+def test_sequence_and_type_mismatch() -> None:
+    with pytest.raises(ShapeMismatchError, match="expected 2 values, got 1"):
+        compare([torch.zeros(1), torch.zeros(1)], [torch.zeros(1)])
+    with pytest.raises(ShapeMismatchError, match="expected a mapping, got Tensor"):
+        compare({"x": torch.zeros(1)}, torch.zeros(1))
+
+
+def test_bad_thresholds_and_tolerance() -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        compare(torch.zeros(1), torch.zeros(1), thresholds=[])
+    with pytest.raises(ValueError, match="non-negative"):
+        compare(torch.zeros(1), torch.zeros(1), thresholds=[-1.0])
+    with pytest.raises(ValueError, match="tolerance"):
+        compare(torch.zeros(1), torch.zeros(1), tolerance=(-1.0, 0.0))
+
+
+# ------------------------------------------------------------------------------------------------
+# serialization
+
+
+@SETTINGS
+@given(data=st.data())
+def test_to_dict_from_dict_round_trip_through_json(data: st.DataObject) -> None:
+    kind = data.draw(st.sampled_from(KINDS))
+    e, g = data.draw(pairs(kind))
+    tol = data.draw(tolerances)
+    nested = data.draw(st.booleans())
+    t_e, t_g = to_tensor(e, kind), to_tensor(g, kind)
+    r = compare({"x": t_e, "y": [t_g]}, {"x": t_g, "y": [t_e]}, tolerance=tol) if nested else compare(t_e, t_g, tolerance=tol)
+    text = json.dumps(r.to_dict(), allow_nan=False)
+    back = DiffReport.from_dict(json.loads(text))
+    assert back.to_dict() == r.to_dict()
+    assert back.counts == r.counts and back.thresholds == r.thresholds
+    assert len(back.leaves()) == len(r.leaves())
+    assert _same_float(back.got_at_max, r.got_at_max) and _same_float(back.max_rel, r.max_rel)
+    assert back.render() == r.render()

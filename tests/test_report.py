@@ -1,0 +1,172 @@
+"""Rendering: the report block (maxima with where and both values, histogram rows with shares and bars
+proportional to counts), the one-line summary, the summary table (text and markdown) and the worst
+budget line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_ortdiff import compare
+from pytest_ortdiff.diff import DiffReport
+from pytest_ortdiff.report import render_table, summary_line, worst_budget_line
+
+BAR = "█"
+
+
+@pytest.fixture(scope="module")
+def report() -> DiffReport:
+    """2,000 float32 elements: 1,000 off by 2**-9, 500 off by 0.5 (the first at (1, 0)), 500 exact."""
+    e = torch.ones(2, 1000)
+    g = e.clone()
+    g.view(-1)[0:1000] = 1.0 + 2**-9
+    g.view(-1)[1000:1500] = 1.5
+    return compare({"Z": e}, {"Z": g})
+
+
+def _rows(text: str) -> dict[str, str]:
+    """Histogram rows of a rendered block, by threshold."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("|diff| >")) + 1
+    out = {}
+    for line in lines[start:]:
+        if not line.startswith("   ") or line.startswith("  max"):
+            break
+        out[line.split()[0]] = line
+    return out
+
+
+def test_render_header_and_maxima(report: DiffReport) -> None:
+    lines = report.render().splitlines()
+    assert lines[0] == "output 'Z'  float32[2x1000]  n=2,000"
+    assert lines[1] == "  max abs   0.5        at (1, 0): expected 1, got 1.5"
+    assert lines[2] == "  max rel   0.5"
+    assert lines[3] == "  max ulp   4.19e+06"  # 1.5 - 1.0 = 2**22 float32 ULPs
+    assert lines[4] == "  mean abs  0.126"  # (1000 * 2**-9 + 500 * 0.5) / 2000
+    assert lines[5] == "  NaN mismatch 0   Inf mismatch 0"
+    assert lines[6].rstrip() == "  |diff| >   elements   share"
+
+
+def test_render_histogram_rows_with_shares_and_bars(report: DiffReport) -> None:
+    rows = _rows(report.render())
+    assert list(rows) == ["0", "1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1", "1", "10", "100"]
+    assert rows["0"] == "         0       1,500   75.00 %  " + BAR * 30
+    assert rows["0.001"] == "     0.001       1,500   75.00 %  " + BAR * 30
+    assert rows["0.01"] == "      0.01         500   25.00 %  " + BAR * 10
+    assert rows["0.1"] == "       0.1         500   25.00 %  " + BAR * 10
+    assert rows["1"].rstrip() == "         1           0       0 %"
+    assert BAR not in rows["100"]
+
+
+def test_bars_are_proportional_and_nonzero_counts_show() -> None:
+    e = torch.zeros(1_000_000)
+    g = e.clone()
+    g[0] = 5.0  # one element above 1
+    g[1:334] = 0.05  # 333 more above 0.01
+    r = compare(e, g)
+    rows = _rows(r.render(width=40))
+    assert rows["0.01"] == "      0.01         334    0.03 %  " + BAR * 40
+    assert rows["1"].endswith("         1  0.0001 %  " + BAR)  # round(40 / 334) = 0, but a count shows
+    assert rows["10"].rstrip().endswith("0 %")
+    assert r.render().splitlines()[0] == "output  float32[1000000]  n=1,000,000"
+    bars = {t: row.count(BAR) for t, row in _rows(r.render(width=30)).items()}
+    assert bars == {"0": 30, "1e-06": 30, "1e-05": 30, "0.0001": 30, "0.001": 30, "0.01": 30, "0.1": 1, "1": 1, "10": 0, "100": 0}
+
+
+def test_render_nan_mismatch_and_scalar() -> None:
+    r = compare(torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([1.0, 2.0, 3.5]), name="Y")
+    text = r.render()
+    assert text.splitlines()[0] == "output 'Y'  float32[3]  n=3"
+    assert "  max abs   0.5        at (2): expected 3, got 3.5" in text
+    assert "  NaN mismatch 1   Inf mismatch 0" in text
+    s = compare(torch.tensor(1.0), torch.tensor(2.0)).render()
+    assert s.splitlines()[0] == "output  float32[scalar]  n=1"
+    assert "at (): expected 1, got 2" in s
+
+
+def test_render_allclose_line() -> None:
+    e = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    g = torch.tensor([1.0, 2.0, 4.5, 8.0])
+    text = compare(e, g, tolerance=(1e-3, 1e-3)).render()
+    assert "  outside atol=0.001 rtol=0.001: 1 (25.00 %)" in text.splitlines()
+
+
+def test_render_several_outputs_has_a_header_and_a_block_each() -> None:
+    e = {"Z": torch.zeros(2, 3), "W": torch.zeros(4, dtype=torch.float16)}
+    g = {"Z": torch.full((2, 3), 0.25), "W": torch.tensor([0.0, 0.0, 0.0, 2.0], dtype=torch.float16)}
+    text = compare(e, g).render()
+    lines = text.splitlines()
+    assert lines[0] == "2 outputs, 10 elements: max abs 2, max rel 2.13e+37, max ulp 1.05e+09"  # maxima over the outputs
+    assert "output 'Z'  float32[2x3]  n=6" in lines
+    assert "output 'W'  float16[4]  n=4" in lines
+    assert "  max abs   2          at (3): expected 0, got 2" in lines
+
+
+def test_summary_is_one_line(report: DiffReport) -> None:
+    text = report.summary()
+    assert "\n" not in text
+    assert text == "max abs 0.5 (rel 0.5, 4.19e+06 ulp) at (1, 0); 1,500/2,000 differ, 500 > 0.1"
+    assert str(report) == text
+    assert summary_line(compare(torch.ones(2), torch.ones(2), name="Q")) == "Q: max abs 0 (rel 0, 0 ulp) at (0); 0/2 differ"
+
+
+def test_summary_mentions_mismatches() -> None:
+    r = compare(torch.tensor([1.0, float("inf")]), torch.tensor([1.0, float("-inf")]), name="Y")
+    assert r.summary().endswith("; NaN mismatch 0, Inf mismatch 1")
+
+
+def test_render_survives_the_json_round_trip(report: DiffReport) -> None:
+    back = DiffReport.from_dict(report.to_dict())
+    assert back.render() == report.render()
+    assert back.summary() == report.summary()
+
+
+# -- summary table ---------------------------------------------------------------------------------
+
+ROWS = [
+    {"test": "t.py::a[CPU-float32]", "provider": "CPU", "dtype": "float32", "max_abs": 0.000153, "max_rel": 5.57e-07, "worst": "0 > 0.01 (0 %; allows 0 %)", "outcome": "passed"},
+    {"test": "t.py::b[CUDA-float16]", "provider": "CUDA", "dtype": "float16", "max_abs": 0.25, "max_rel": None, "worst": "585,826 > 0.01 (24.83 %)", "outcome": "failed"},
+]
+
+
+def test_render_table_text() -> None:
+    lines = render_table(ROWS).splitlines()
+    assert lines == [
+        "test                   provider  dtype    max abs   max rel   worst budget line           result",
+        "t.py::a[CPU-float32]   CPU       float32  0.000153  5.57e-07  0 > 0.01 (0 %; allows 0 %)  passed",
+        "t.py::b[CUDA-float16]  CUDA      float16  0.25      -         585,826 > 0.01 (24.83 %)    failed",
+    ]
+
+
+def test_render_table_markdown() -> None:
+    lines = render_table(ROWS, markdown=True).splitlines()
+    assert lines == [
+        "| test | provider | dtype | max abs | max rel | worst budget line | result |",
+        "|---|---|---|---|---|---|---|",
+        "| t.py::a[CPU-float32] | CPU | float32 | 0.000153 | 5.57e-07 | 0 > 0.01 (0 %; allows 0 %) | passed |",
+        "| t.py::b[CUDA-float16] | CUDA | float16 | 0.25 | - | 585,826 > 0.01 (24.83 %) | failed |",
+    ]
+
+
+def test_render_table_empty() -> None:
+    assert render_table([]) == "test  provider  dtype  max abs  max rel  worst budget line  result"
+
+
+# -- worst budget line --------------------------------------------------------------------------------
+
+
+def test_worst_budget_line_picks_the_line_most_used(report: DiffReport) -> None:
+    # >0.01: 500 of an allowed 600 (83 % used); >1: 0 of 200 (0 %)
+    assert worst_budget_line(report, {1e-2: 0.3, 1.0: 0.1}) == "500 > 0.01 (25.00 %; allows 30 %)"
+    # >0.01: 500 of 1,000 (50 %); >0.1: 500 of 600 (83 %)
+    assert worst_budget_line(report, {1e-2: 0.5, 0.1: 0.3}) == "500 > 0.1 (25.00 %; allows 30 %)"
+    # any element over a zero allowance is the worst
+    assert worst_budget_line(report, {1e-3: 0.9, 0.1: 0.0}) == "500 > 0.1 (25.00 %; allows 0 %)"
+    # nothing used: the first (smallest) threshold
+    assert worst_budget_line(report, {1.0: 0.0, 10.0: 0.0}) == "0 > 1 (0 %; allows 0 %)"
+
+
+def test_worst_budget_line_without_budget(report: DiffReport) -> None:
+    assert worst_budget_line(report, None) == "500 > 0.1 (25.00 %)"
+    exact = compare(torch.ones(3), torch.ones(3))
+    assert worst_budget_line(exact, None) == "exact"
