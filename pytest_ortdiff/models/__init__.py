@@ -4,5 +4,23 @@ from __future__ import annotations
 
 from .feeds import random_feeds, set_feed_range
 from .layer_norm import LayerNormMatMulAdd, layer_norm_matmul_add
+from .llama import LlamaAttention, LlamaDecoderLayer, llama_attention, llama_decoder_layer
+from .mlp import MLP, GeluMLP, OnnxTwin, builder_info, gelu_mlp, mlp, torch_twin
 
-__all__ = ["LayerNormMatMulAdd", "layer_norm_matmul_add", "random_feeds", "set_feed_range"]
+__all__ = [
+    "MLP",
+    "GeluMLP",
+    "LayerNormMatMulAdd",
+    "LlamaAttention",
+    "LlamaDecoderLayer",
+    "OnnxTwin",
+    "builder_info",
+    "gelu_mlp",
+    "layer_norm_matmul_add",
+    "llama_attention",
+    "llama_decoder_layer",
+    "mlp",
+    "random_feeds",
+    "set_feed_range",
+    "torch_twin",
+]

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from . import elementwise, matmul, normalization, reduce, shape  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration)
+    activation,
+    aggregate,
+    arithmetic,
+    elementwise,
+    generators,
+    indexing,
+    layout,
+    logic,
+    matmul,
+    normalization,
+    reduce,
+    shape,
+)
 from .base import (
     REGISTRY,
     Kernel,

@@ -5,6 +5,8 @@ Outputs keep the dtype ONNX gives them (the inputs' type, or Cast's `to`); nothi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import onnx
 import torch
 
@@ -30,7 +32,50 @@ __all__ = [
     "Sqrt",
     "Sub",
     "Tanh",
+    "run_unsigned",
 ]
+
+# torch has almost no arithmetic for uint16/uint32/uint64 (comparisons, add, max... raise "not
+# implemented for 'UInt32'"). Kernels try torch first (no cost on the common path) and on that error
+# compute in int64: exact for uint16/uint32, and for uint64 through its int64 view, bit for bit for
+# wrapping ops (add, sub, mul, bitwise, left shift), and for order-dependent ones while values < 2**63.
+_UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})
+
+
+def run_unsigned(
+    fn: Callable[..., torch.Tensor],
+    *xs: torch.Tensor | None,
+    wrapping: bool = False,
+    error: Exception | None = None,
+) -> torch.Tensor:
+    """`fn(*xs)` with uint16/32/64 tensors computed in int64, an integer result given back their dtype.
+
+    `wrapping`: fn only adds, multiplies or moves bits, so uint64 values of 2**63 and more are fine.
+    `error`: what torch raised, re-raised when no input is one of these unsigned types.
+    """
+    dtype = next((x.dtype for x in xs if x is not None and x.dtype in _UNSIGNED), None)
+    if dtype is None:
+        if error is not None:
+            raise error
+        return fn(*xs)
+    wide = []
+    for x in xs:
+        if x is None or x.dtype not in _UNSIGNED:
+            wide.append(x)
+        elif x.dtype == torch.uint64:
+            v = x.view(torch.int64)
+            if not wrapping and bool((v < 0).any()):
+                raise UnsupportedVariantError(
+                    "uint64 values of 2**63 and more: torch has no uint64 arithmetic to order or divide them"
+                )
+            wide.append(v)
+        else:
+            wide.append(x.to(torch.int64))
+    y = fn(*wide)
+    if y.dtype != torch.int64:
+        return y
+    return y.view(torch.uint64) if dtype == torch.uint64 else y.to(dtype)
+
 
 # Binary ops are registered from opset 7: before it they broadcast only with `broadcast=1` and an
 # `axis` attribute, semantics nobody exports any more; such a model finds no kernel instead of a wrong one.
@@ -39,19 +84,28 @@ __all__ = [
 @kernel("Add", since=7)
 class Add(Kernel):
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.add(a, b),)
+        try:
+            return (torch.add(a, b),)
+        except RuntimeError as exc:
+            return (run_unsigned(torch.add, a, b, wrapping=True, error=exc),)
 
 
 @kernel("Sub", since=7)
 class Sub(Kernel):
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.sub(a, b),)
+        try:
+            return (torch.sub(a, b),)
+        except RuntimeError as exc:
+            return (run_unsigned(torch.sub, a, b, wrapping=True, error=exc),)
 
 
 @kernel("Mul", since=7)
 class Mul(Kernel):
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.mul(a, b),)
+        try:
+            return (torch.mul(a, b),)
+        except RuntimeError as exc:
+            return (run_unsigned(torch.mul, a, b, wrapping=True, error=exc),)
 
 
 @kernel("Div", since=7)
@@ -61,7 +115,14 @@ class Div(Kernel):
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if a.is_floating_point():
             return (torch.div(a, b),)
-        return (torch.div(a, b, rounding_mode="trunc"),)
+        try:
+            return (torch.div(a, b, rounding_mode="trunc"),)
+        except RuntimeError as exc:
+            return (run_unsigned(_trunc_div, a, b, error=exc),)
+
+
+def _trunc_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.div(a, b, rounding_mode="trunc")
 
 
 @kernel("Pow", since=7)
@@ -179,3 +240,4 @@ class Cast(Kernel):
 @kernel("Cast", since=19)
 class Cast19(Cast):
     """Opset 19 adds `saturate`, which only affects float8 targets, and those Cast refuses."""
+

@@ -1,0 +1,284 @@
+"""Aggregating torch kernels beyond reduce.py's ReduceSum/ReduceMean: ReduceMax/Min/Prod/L1/L2/LogSum/
+LogSumExp/SumSquare, ArgMax/ArgMin, CumSum/CumProd and TopK.
+
+Reductions keep the input's dtype; a reduction over an empty set gives its identity (-inf for Max, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+import torch
+
+from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from .elementwise import run_unsigned
+
+__all__ = [
+    "ArgMax",
+    "ArgMin",
+    "CumProd",
+    "CumSum",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceL118",
+    "ReduceL218",
+    "ReduceLogSum",
+    "ReduceLogSum18",
+    "ReduceLogSumExp",
+    "ReduceLogSumExp18",
+    "ReduceMax",
+    "ReduceMax18",
+    "ReduceMin",
+    "ReduceMin18",
+    "ReduceProd",
+    "ReduceProd18",
+    "ReduceSumSquare",
+    "ReduceSumSquare18",
+    "TopK",
+    "TopK10",
+]
+
+def _orderable(x: torch.Tensor) -> torch.Tensor:
+    """x, or for uint16/32/64 (which torch cannot compare) an int64 tensor with the same order."""
+    if x.dtype in (torch.uint16, torch.uint32):
+        return x.to(torch.int64)
+    if x.dtype == torch.uint64:
+        v = x.view(torch.int64)
+        if bool((v < 0).any()):
+            raise UnsupportedVariantError("ordering uint64 values of 2**63 and more: torch cannot")
+        return v
+    return x
+
+
+Reducer = Callable[[torch.Tensor, tuple[int, ...], bool], torch.Tensor]
+
+
+def _empty_fill(x: torch.Tensor, kind: str) -> float | int | bool:
+    """The identity of a Max/Min reduction over nothing, in x's dtype."""
+    if x.dtype == torch.bool:
+        return kind == "min"
+    if x.is_floating_point():
+        return float("inf") if kind == "min" else float("-inf")
+    info = torch.iinfo(x.dtype)
+    return info.max if kind == "min" else info.min
+
+
+def _max(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    return _extreme(x, dims, keepdims, "max")
+
+
+def _min(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    return _extreme(x, dims, keepdims, "min")
+
+
+def _extreme(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool, kind: str) -> torch.Tensor:
+    if any(x.shape[d] == 0 for d in dims):
+        shape = [1 if (d in dims or d - x.dim() in dims) else n for d, n in enumerate(x.shape)]
+        y = torch.full(shape, _empty_fill(x, kind), dtype=x.dtype, device=x.device)
+        return y if keepdims else y.squeeze(dims)
+    fn = torch.amax if kind == "max" else torch.amin
+    try:
+        return fn(x, dims, keepdims)
+    except RuntimeError as exc:
+        return run_unsigned(lambda v: fn(v, dims, keepdims), x, error=exc)
+
+
+def _prod(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    y = x
+    for d in sorted((d + x.dim() if d < 0 else d for d in dims), reverse=True):
+        y = torch.prod(y, d, keepdim=keepdims)
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _sum(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    y = torch.sum(x, dims, keepdims)
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _l1(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    return _sum(torch.abs(x), dims, keepdims)
+
+
+def _l2(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    y = torch.sqrt(torch.sum(x * x, dims, keepdims))
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _sum_square(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    return _sum(x * x, dims, keepdims)
+
+
+def _log_sum(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    y = torch.log(torch.sum(x, dims, keepdims))
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _log_sum_exp(x: torch.Tensor, dims: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    if not x.is_floating_point():
+        return torch.logsumexp(x.double(), dims, keepdims).to(x.dtype)
+    if any(x.shape[d] == 0 for d in dims):  # logsumexp of nothing: log(0)
+        return _log_sum(x, dims, keepdims)
+    return torch.logsumexp(x, dims, keepdims)
+
+
+class _ReduceAttr(Kernel):
+    """Opsets before 18: axes in an attribute (absent: all)."""
+
+    reducer: Reducer
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axes = tuple(int(a) for a in self.attr("axes", ()))
+        self.keepdims = bool(self.attr("keepdims", 1))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dims = self.axes or tuple(range(x.dim()))
+        return (type(self).reducer(x, dims, self.keepdims),)
+
+
+class _ReduceInput(Kernel):
+    """Opset 18+: axes in an optional int64 input; empty axes reduce all unless `noop_with_empty_axes`."""
+
+    reducer: Reducer
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.keepdims = bool(self.attr("keepdims", 1))
+        self.noop = bool(self.attr("noop_with_empty_axes", 0))
+
+    def run(self, x: torch.Tensor, axes: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        dims = () if axes is None else tuple(axes.tolist())
+        if not dims:
+            if self.noop:
+                return (x,)
+            dims = tuple(range(x.dim()))
+        return (type(self).reducer(x, dims, self.keepdims),)
+
+
+def _reduce_pair(op_type: str, reducer: Reducer) -> tuple[type[Kernel], type[Kernel]]:
+    attr_cls = type(op_type, (_ReduceAttr,), {"reducer": staticmethod(reducer), "__module__": __name__})
+    input_cls = type(f"{op_type}18", (_ReduceInput,), {"reducer": staticmethod(reducer), "__module__": __name__})
+    return kernel(op_type, since=1)(attr_cls), kernel(op_type, since=18)(input_cls)
+
+
+ReduceMax, ReduceMax18 = _reduce_pair("ReduceMax", _max)
+ReduceMin, ReduceMin18 = _reduce_pair("ReduceMin", _min)
+ReduceProd, ReduceProd18 = _reduce_pair("ReduceProd", _prod)
+ReduceL1, ReduceL118 = _reduce_pair("ReduceL1", _l1)
+ReduceL2, ReduceL218 = _reduce_pair("ReduceL2", _l2)
+ReduceLogSum, ReduceLogSum18 = _reduce_pair("ReduceLogSum", _log_sum)
+ReduceLogSumExp, ReduceLogSumExp18 = _reduce_pair("ReduceLogSumExp", _log_sum_exp)
+ReduceSumSquare, ReduceSumSquare18 = _reduce_pair("ReduceSumSquare", _sum_square)
+
+
+class _Arg(Kernel):
+    """Index (int64) of the first extreme along `axis`, or the last with `select_last_index=1` (opset 12+)."""
+
+    largest = True
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", 0))
+        self.keepdims = bool(self.attr("keepdims", 1))
+        self.last = bool(self.attr("select_last_index", 0))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.dtype == torch.bool:
+            x = x.to(torch.uint8)
+        x = _orderable(x)
+        fn = torch.argmax if self.largest else torch.argmin
+        if not self.last:
+            return (fn(x, self.axis, self.keepdims),)
+        i = fn(x.flip(self.axis), self.axis, self.keepdims)
+        return (x.shape[self.axis] - 1 - i,)
+
+
+@kernel("ArgMax", since=1)
+class ArgMax(_Arg):
+    largest = True
+
+
+@kernel("ArgMin", since=1)
+class ArgMin(_Arg):
+    largest = False
+
+
+class _Cumulative(Kernel):
+    """Along the axis given as a scalar input; `exclusive` shifts by one (the identity first), `reverse`
+    accumulates from the end."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.exclusive = bool(self.attr("exclusive", 0))
+        self.reverse = bool(self.attr("reverse", 0))
+
+    def accumulate(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    identity = 0
+
+    def run(self, x: torch.Tensor, axis: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = int(axis)
+        if self.reverse:
+            x = x.flip(a)
+        if self.exclusive:
+            n = x.shape[a]
+            pad = torch.full_like(x.narrow(a, 0, min(n, 1)), self.identity)
+            x = torch.cat([pad, x.narrow(a, 0, max(n - 1, 0))], a)
+        y = self.accumulate(x, a)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return (y.flip(a) if self.reverse else y,)
+
+
+@kernel("CumSum", since=11)
+class CumSum(_Cumulative):
+    identity = 0
+
+    def accumulate(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        return torch.cumsum(x, axis)
+
+
+@kernel("CumProd", since=26)
+class CumProd(_Cumulative):
+    identity = 1
+
+    def accumulate(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        return torch.cumprod(x, axis)
+
+
+def _topk(x: torch.Tensor, k: int, axis: int, largest: bool) -> tuple[torch.Tensor, ...]:
+    # A stable sort breaks ties by the lower index, as the spec asks; torch.topk promises no order.
+    key = _orderable(x)
+    values, indices = torch.sort(key, dim=axis, descending=largest, stable=True)
+    indices = indices.narrow(axis, 0, k)
+    if key is not x:
+        return torch.gather(x, axis, indices), indices
+    return values.narrow(axis, 0, k), indices
+
+
+@kernel("TopK", since=1)
+class TopK(Kernel):
+    """Opsets 1-9: `k` attribute, largest first."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.k = int(self.attr("k"))
+        self.axis = int(self.attr("axis", -1))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _topk(x, self.k, self.axis, True)
+
+
+@kernel("TopK", since=10)
+class TopK10(Kernel):
+    """Opset 10+: `k` is an input; 11 adds `largest` and `sorted` (results come sorted either way)."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", -1))
+        self.largest = bool(self.attr("largest", 1))
+
+    def run(self, x: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _topk(x, int(k.reshape(-1)[0]), self.axis, self.largest)

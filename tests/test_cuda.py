@@ -1,0 +1,210 @@
+"""The CUDA paths: the torch evaluator on the GPU, the diff computed on the GPU (same numbers as on CPU),
+onnxruntime's CUDA provider with outputs left on the GPU, and a pytest run with --ort-providers=CUDA.
+Every test skips, with the reason, where torch has no CUDA device or onnxruntime no CUDA provider."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+import torch
+
+from pytest_ortdiff import OrtRunner, Tolerance, TorchEvaluator, compare, models
+from pytest_ortdiff.providers import unavailable_reason
+
+DIMS = {"a": 2, "b": 8, "c": 16}
+INPUTS = ("X", "scale", "bias", "weights", "bias2")
+
+_TORCH_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not _TORCH_CUDA, reason="needs a CUDA device: torch.cuda.is_available() is False here")
+_ORT_CUDA_REASON = unavailable_reason("CUDA")
+needs_ort_cuda = pytest.mark.skipif(
+    _ORT_CUDA_REASON is not None,
+    reason=f"needs onnxruntime's CUDA provider (pytest-ortdiff[gpu]): {_ORT_CUDA_REASON}",
+)
+
+
+def lnmma_numpy(feeds: dict[str, torch.Tensor]) -> np.ndarray:
+    x, scale, bias, w, b2 = (feeds[k].double().cpu().numpy() for k in INPUTS)
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return ((x - mean) / np.sqrt(var + 1e-5) * scale + bias) @ w + b2
+
+
+# -- the torch evaluator on the GPU ------------------------------------------------------------------
+
+
+@needs_cuda
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("float16", 1e-2), ("bfloat16", 5e-2)])
+def test_evaluator_on_cuda_is_close_to_cpu(dtype: str, tol: float) -> None:
+    model = models.layer_norm_matmul_add(dtype=dtype)
+    feeds = models.random_feeds(model, DIMS, seed=0)
+    (gpu,) = TorchEvaluator(model, device="cuda").run(None, feeds)  # CPU feeds are moved to the device
+    (cpu,) = TorchEvaluator(model).run(None, feeds)
+    assert gpu.device.type == "cuda"
+    assert gpu.dtype == getattr(torch, dtype)
+    assert tuple(gpu.shape) == (2, 8, 16)
+    np.testing.assert_allclose(gpu.double().cpu().numpy(), cpu.double().numpy(), atol=tol, rtol=tol)
+
+
+@needs_cuda
+def test_evaluator_on_cuda_with_cuda_feeds_and_intermediates() -> None:
+    model = models.layer_norm_matmul_add(dtype="float16")
+    feeds = models.random_feeds(model, DIMS, seed=1, device="cuda")
+    assert {v.device.type for v in feeds.values()} == {"cuda"}
+    values = TorchEvaluator(model, device="cuda").run(None, feeds, intermediates=True)
+    assert {values[k].device.type for k in ("norm", "mm", "Z")} == {"cuda"}
+    np.testing.assert_allclose(values["Z"].double().cpu().numpy(), lnmma_numpy(feeds), atol=1e-2, rtol=1e-2)
+
+
+@needs_cuda
+def test_float64_oracle_on_cuda() -> None:
+    model = models.layer_norm_matmul_add(dtype="float16")
+    feeds = models.random_feeds(model, DIMS, seed=0)
+    (z,) = TorchEvaluator(model, device="cuda", compute_dtype=torch.float64).run(None, feeds)
+    assert z.device.type == "cuda"
+    assert z.dtype == torch.float64
+    np.testing.assert_allclose(z.cpu().numpy(), lnmma_numpy(feeds), atol=1e-9, rtol=1e-9)
+
+
+@needs_cuda
+@needs_ort_cuda
+def test_ort_override_on_cuda_runs_the_cuda_provider() -> None:
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = models.random_feeds(model, DIMS, seed=0, device="cuda")
+    values = TorchEvaluator(model, device="cuda", kernels={("", "MatMul"): "ort"}).run(None, feeds, intermediates=True)
+    assert values["mm"].device.type == "cuda"
+    np.testing.assert_allclose(
+        values["mm"].double().cpu().numpy(),
+        values["norm"].double().cpu().numpy() @ feeds["weights"].double().cpu().numpy(),
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+# -- the diff on the GPU --------------------------------------------------------------------------------
+
+
+def _pair(dtype: torch.dtype, n: int = 100_003) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    e = torch.randn(n, generator=gen) * 10
+    g = e + torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 4
+    e, g = e.to(dtype), g.to(dtype)
+    e[5], g[5] = float("nan"), float("nan")  # equal
+    e[6] = float("nan")  # mismatch
+    e[7], g[7] = float("inf"), float("-inf")  # mismatch
+    e[8], g[8] = float("inf"), float("inf")  # equal
+    return e, g
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_compare_on_cuda_gives_the_cpu_numbers(dtype: torch.dtype) -> None:
+    e, g = _pair(dtype)
+    thresholds = [0.0, 1e-3, 1e-2, 0.1, 1.0]
+    on_gpu = compare(e.cuda(), g.cuda(), thresholds=thresholds, tolerance=(1e-2, 1e-2))
+    on_cpu = compare(e, g, thresholds=thresholds, tolerance=(1e-2, 1e-2))
+    assert on_gpu.counts == on_cpu.counts
+    assert on_gpu.out_of_tolerance == on_cpu.out_of_tolerance
+    assert (on_gpu.nan_mismatch, on_gpu.inf_mismatch) == (on_cpu.nan_mismatch, on_cpu.inf_mismatch) == (1, 1)
+    assert on_gpu.max_abs == on_cpu.max_abs
+    assert on_gpu.max_ulp == on_cpu.max_ulp
+    assert on_gpu.argmax == on_cpu.argmax
+    assert (on_gpu.expected_at_max, on_gpu.got_at_max) == (on_cpu.expected_at_max, on_cpu.got_at_max)
+    assert on_gpu.max_rel == pytest.approx(on_cpu.max_rel, rel=1e-12)
+    assert on_gpu.mean_abs == pytest.approx(on_cpu.mean_abs, rel=1e-6)
+    assert on_gpu.n == on_cpu.n == e.numel()
+
+
+@needs_cuda
+def test_compare_cuda_against_cpu_tensor() -> None:
+    e = torch.linspace(-1, 1, 1000)
+    g = e + 1e-3
+    r = compare(e.cuda(), g)  # got is moved to expected's device
+    assert r.counts[1e-4] == 1000
+    assert r.counts[1e-2] == 0
+
+
+# -- onnxruntime's CUDA provider ---------------------------------------------------------------------------
+
+
+@needs_cuda
+@needs_ort_cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_ort_cuda_outputs_stay_on_the_gpu(dtype: str) -> None:
+    model = models.layer_norm_matmul_add(dtype=dtype)
+    feeds = models.random_feeds(model, DIMS, seed=0)
+    runner = OrtRunner(model, provider="CUDA")
+    assert runner.device == torch.device("cuda", 0)
+    assert runner.session.get_providers()[0] == "CUDAExecutionProvider"
+    (from_cpu_feeds,) = runner.run(None, feeds)
+    (from_gpu_feeds,) = runner.run(None, {k: v.cuda() for k, v in feeds.items()})
+    (from_numpy,) = runner.run(None, {k: v.numpy() for k, v in feeds.items()})
+    for out in (from_cpu_feeds, from_gpu_feeds, from_numpy):
+        assert out.device.type == "cuda"
+        assert out.dtype == getattr(torch, dtype)
+        assert tuple(out.shape) == (2, 8, 16)
+    assert torch.equal(from_cpu_feeds, from_gpu_feeds)
+    assert torch.equal(from_cpu_feeds, from_numpy)
+    (cpu,) = OrtRunner(model).run(None, feeds)
+    tol = Tolerance().for_dtype(dtype)
+    report = compare(cpu, from_gpu_feeds.cpu(), tolerance=tol.allclose)
+    assert tol.check(report) == []
+
+
+@needs_cuda
+@needs_ort_cuda
+def test_ort_cuda_bfloat16_cast_round_trip() -> None:
+    TP = onnx.TensorProto
+    model = oh.make_model(
+        oh.make_graph(
+            [oh.make_node("Cast", ["x"], ["y"], to=TP.BFLOAT16)],
+            "g",
+            [oh.make_tensor_value_info("x", TP.FLOAT, ["n"])],
+            [oh.make_tensor_value_info("y", TP.BFLOAT16, ["n"])],
+        ),
+        opset_imports=[oh.make_opsetid("", 18)],
+        ir_version=9,
+    )
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)).cuda()
+    (y,) = OrtRunner(model, provider="CUDA").run(None, {"x": x})
+    assert y.device.type == "cuda"
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, x.to(torch.bfloat16))
+
+
+# -- a pytest run on CUDA ------------------------------------------------------------------------------------
+
+SEED_TEST = """
+import pytest
+import torch
+from pytest_ortdiff import models
+
+@pytest.mark.ortdiff(dtypes=["float16", "bfloat16"])
+def test_lnmm(ortdiff):
+    assert ortdiff.device == "cuda"
+    model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+    feeds = models.random_feeds(model, dims={"a": 2, "b": 16, "c": 32}, seed=0, device=ortdiff.device)
+    report = ortdiff.check(model, feeds)
+    assert report.n == 1024
+    got = ortdiff.run(model, feeds, runtime="ort")
+    assert got[0].device.type == "cuda" and got[0].dtype == ortdiff.torch_dtype
+"""
+
+
+@needs_cuda
+@needs_ort_cuda
+def test_fp16_and_bf16_checks_on_cuda(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_seed=SEED_TEST)
+    result = pytester.runpytest("-v", "-rs", "--ort-providers=CUDA", "--ort-dtypes=float16,bfloat16")
+    result.stdout.fnmatch_lines(["*test_lnmm[[]CUDA-float16[]] PASSED*"])
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0
+    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) == 2
+    result.stdout.fnmatch_lines(["*= ortdiff summary =*", "test_seed.py::test_lnmm[[]CUDA-float16[]] * CUDA * float16 * passed"])
+    if outcomes.get("skipped"):
+        # a bfloat16 hole in onnxruntime's CUDA provider is named, not hidden
+        result.stdout.fnmatch_lines(["*holes in the provider × dtype matrix*", "1 test(s) skipped: CUDA-bfloat16: onnxruntime CUDAExecutionProvider has no bfloat16 kernel for *(*)"])
+    else:
+        result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CUDA-bfloat16[]] * CUDA * bfloat16 * passed"])

@@ -1,0 +1,481 @@
+"""TorchEvaluator: values against independent references (numpy float64, onnx.reference, onnxruntime),
+intermediates and their freeing, pruning, the float64 oracle, kernel overrides, and its error messages."""
+
+from __future__ import annotations
+
+import re
+import weakref
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx.reference import ReferenceEvaluator
+
+from pytest_ortdiff import OrtRunner, TorchEvaluator, compare, models
+from pytest_ortdiff.runtimes.evaluator import MissingKernelError
+from pytest_ortdiff.runtimes.kernels import known_ops
+
+TP = onnx.TensorProto
+DIMS = {"a": 2, "b": 8, "c": 16}
+INPUTS = ("X", "scale", "bias", "weights", "bias2")
+
+
+def lnmma_numpy(feeds: dict[str, torch.Tensor], eps: float = 1e-5) -> dict[str, np.ndarray]:
+    """LayerNorm -> MatMul -> Add in float64 numpy, from the feeds' exact values."""
+    x, scale, bias, w, b2 = (feeds[k].double().numpy() for k in INPUTS)
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    norm = (x - mean) / np.sqrt(var + eps) * scale + bias
+    mm = norm @ w
+    return {"norm": norm, "mm": mm, "Z": mm + b2}
+
+
+def assert_close(got: torch.Tensor, expected: np.ndarray, atol: float, rtol: float) -> None:
+    np.testing.assert_allclose(got.double().numpy(), expected, atol=atol, rtol=rtol)
+
+
+def make_model(nodes: list, inputs: list, outputs: list, opsets: dict[str, int] | None = None) -> onnx.ModelProto:
+    opsets = opsets or {"": 18}
+    return oh.make_model(
+        oh.make_graph(nodes, "g", inputs, outputs),
+        opset_imports=[oh.make_opsetid(d, v) for d, v in opsets.items()],
+        ir_version=9,
+    )
+
+
+def vi(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:
+    return oh.make_tensor_value_info(name, elem, shape)
+
+
+@pytest.fixture(scope="module")
+def m32() -> onnx.ModelProto:
+    return models.layer_norm_matmul_add(dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def m16() -> onnx.ModelProto:
+    return models.layer_norm_matmul_add(dtype="float16")
+
+
+@pytest.fixture(scope="module")
+def f32(m32: onnx.ModelProto) -> dict[str, torch.Tensor]:
+    return models.random_feeds(m32, DIMS, seed=0)
+
+
+@pytest.fixture(scope="module")
+def f16(m16: onnx.ModelProto) -> dict[str, torch.Tensor]:
+    return models.random_feeds(m16, DIMS, seed=0)
+
+
+# -- values against references ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "max_ulp"), [("float32", 16), ("float16", 4)])
+def test_matches_onnx_reference_evaluator(dtype: str, max_ulp: int) -> None:
+    model = models.layer_norm_matmul_add(dtype=dtype)
+    feeds = models.random_feeds(model, DIMS, seed=0)
+    (got,) = TorchEvaluator(model).run(None, feeds)
+    (ref,) = ReferenceEvaluator(model).run(None, {k: v.numpy() for k, v in feeds.items()})
+    assert got.dtype == getattr(torch, dtype)
+    assert tuple(got.shape) == (2, 8, 16) == ref.shape
+    report = compare(torch.from_numpy(ref), got)
+    assert report.max_ulp <= max_ulp
+    # and both close to the float64 truth at the dtype's default tolerance
+    tol = 1e-4 if dtype == "float32" else 1e-2
+    assert_close(got, lnmma_numpy(feeds)["Z"], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(("dtype", "max_ulp"), [("float32", 16), ("float16", 4)])
+def test_matches_onnxruntime(dtype: str, max_ulp: int) -> None:
+    model = models.layer_norm_matmul_add(dtype=dtype)
+    feeds = models.random_feeds(model, DIMS, seed=1)
+    (got,) = TorchEvaluator(model).run(None, feeds)
+    (ort,) = OrtRunner(model).run(None, feeds)
+    report = compare(ort, got)
+    assert report.n == 256
+    assert report.max_ulp <= max_ulp
+    assert report.nan_mismatch == report.inf_mismatch == 0
+
+
+def test_intermediates_return_every_value_with_right_values(m32: onnx.ModelProto, f32: dict) -> None:
+    values = TorchEvaluator(m32).run(None, f32, intermediates=True)
+    assert isinstance(values, dict)
+    assert set(values) == {*INPUTS, "norm", "mm", "Z"}
+    ref = lnmma_numpy(f32)
+    assert_close(values["norm"], ref["norm"], atol=1e-5, rtol=1e-5)
+    assert_close(values["mm"], ref["mm"], atol=1e-4, rtol=1e-4)
+    assert_close(values["Z"], ref["Z"], atol=1e-4, rtol=1e-4)
+    assert {k: tuple(v.shape) for k, v in values.items() if k in ("norm", "mm", "Z")} == dict.fromkeys(("norm", "mm", "Z"), (2, 8, 16))
+    # the same numbers as a plain run
+    (z,) = TorchEvaluator(m32).run(None, f32)
+    assert torch.equal(values["Z"], z)
+    assert torch.equal(values["X"], f32["X"])
+
+
+def _spy_kernels() -> tuple[dict, dict]:
+    """A LayerNorm that keeps a weak reference to its output, an Add (the last node) that looks at it."""
+    refs: dict[str, weakref.ref] = {}
+    seen: dict[str, bool] = {}
+
+    def layer_norm(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x, (x.shape[-1],), scale, bias, 1e-5)
+        refs["norm"] = weakref.ref(y)
+        return y
+
+    def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen["norm alive during Add"] = refs["norm"]() is not None
+        return a + b
+
+    return {"layer_norm": layer_norm, "add": add}, seen
+
+
+def test_intermediates_are_freed_after_their_last_use(m16: onnx.ModelProto, f16: dict) -> None:
+    kernels, seen = _spy_kernels()
+    out = TorchEvaluator(m16, kernels=kernels).run(None, f16)
+    # `norm` is last used by MatMul: by the time Add runs it is gone
+    assert seen == {"norm alive during Add": False}
+    assert isinstance(out, list) and len(out) == 1 and tuple(out[0].shape) == (2, 8, 16)
+
+
+def test_intermediates_true_keeps_them(m16: onnx.ModelProto, f16: dict) -> None:
+    kernels, seen = _spy_kernels()
+    values = TorchEvaluator(m16, kernels=kernels).run(None, f16, intermediates=True)
+    assert seen == {"norm alive during Add": True}
+    assert values["norm"].dtype == torch.float16
+
+
+def test_output_names_subset_prunes_the_graph(m32: onnx.ModelProto, f32: dict) -> None:
+    calls: list[str] = []
+
+    def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        calls.append("matmul")
+        return a @ b
+
+    ev = TorchEvaluator(m32, kernels={"matmul": matmul})
+    (norm,) = ev.run(["norm"], f32)
+    assert calls == []  # MatMul (and Add) are not needed for `norm`
+    assert tuple(norm.shape) == (2, 8, 16)
+    assert_close(norm, lnmma_numpy(f32)["norm"], atol=1e-5, rtol=1e-5)
+    z, norm2 = ev.run(["Z", "norm"], f32)
+    assert calls == ["matmul"]
+    assert torch.equal(norm2, norm)
+    assert tuple(z.shape) == (2, 8, 16)
+
+
+def test_unknown_output_name_lists_the_outputs(m32: onnx.ModelProto, f32: dict) -> None:
+    with pytest.raises(KeyError, match=re.escape("'nope' is not a value of this graph; outputs: ['Z']")):
+        TorchEvaluator(m32).run(["nope"], f32)
+
+
+# -- the float64 oracle ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compute_dtype", [torch.float64, "float64"])
+def test_float64_oracle_is_closer_to_the_truth(m16: onnx.ModelProto, f16: dict, compute_dtype: object) -> None:
+    oracle = TorchEvaluator(m16, compute_dtype=compute_dtype)
+    (z64,) = oracle.run(None, f16)
+    (z16,) = TorchEvaluator(m16).run(None, f16)
+    assert z64.dtype == torch.float64
+    assert z16.dtype == torch.float16
+    truth = torch.from_numpy(lnmma_numpy(f16)["Z"])
+    r_oracle = compare(truth, z64)
+    r_half = compare(truth, z16.double())
+    assert r_oracle.max_abs < 1e-9
+    assert r_half.max_abs > 1e-3  # float16 rounding of values up to ~10
+    assert r_oracle.max_abs < r_half.max_abs / 1e5
+    # intermediates are float64 too
+    values = oracle.run(None, f16, intermediates=True)
+    assert {values[k].dtype for k in ("norm", "mm", "Z")} == {torch.float64}
+
+
+def test_output_dtypes_record_the_declared_dtypes(m16: onnx.ModelProto) -> None:
+    assert TorchEvaluator(m16, compute_dtype="float64").output_dtypes == {"Z": torch.float16}
+    assert TorchEvaluator(m16).output_dtypes == {"Z": torch.float16}
+    assert TorchEvaluator(models.layer_norm_matmul_add(dtype="float32")).output_dtypes == {"Z": torch.float32}
+
+
+def test_compute_dtype_float16_is_rejected(m16: onnx.ModelProto) -> None:
+    with pytest.raises(ValueError, match=r"compute_dtype must be torch\.float64 \(the oracle\), torch\.float32 or None; got torch\.float16"):
+        TorchEvaluator(m16, compute_dtype=torch.float16)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: compute_dtype strings go through getattr(torch, name): 'fp64' (accepted everywhere else via parse_dtype) "
+    "and unknown names raise AttributeError(\"module 'torch' has no attribute ...\") instead of a ValueError listing the valid values",
+)
+@pytest.mark.parametrize("name", ["fp64", "bogus"])
+def test_compute_dtype_string_uses_the_project_dtype_names(m16: onnx.ModelProto, f16: dict, name: str) -> None:
+    if name == "fp64":
+        (z,) = TorchEvaluator(m16, compute_dtype=name).run(None, f16)
+        assert z.dtype == torch.float64
+    else:
+        with pytest.raises(ValueError, match=r"compute_dtype.*'bogus'.*float64"):
+            TorchEvaluator(m16, compute_dtype=name)
+
+
+# -- feed errors ------------------------------------------------------------------------------------
+
+
+def test_missing_and_unknown_feed_names_list_the_inputs(m16: onnx.ModelProto, f16: dict) -> None:
+    feeds = {k: v for k, v in f16.items() if k != "bias2"}
+    feeds["B2"] = f16["bias2"]
+    expected = (
+        "feeds do not match the model's inputs: missing ['bias2'], unknown ['B2']; inputs are "
+        "X: float16[a, b, c], scale: float16[c], bias: float16[c], weights: float16[c, c], bias2: float16[c]"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        TorchEvaluator(m16).run(None, feeds)
+
+
+def test_feed_with_wrong_dtype_names_both_and_suggests_a_cast(m16: onnx.ModelProto, f16: dict) -> None:
+    feeds = {**f16, "X": f16["X"].float()}
+    expected = "feed 'X' has dtype float32, the model declares float16[a, b, c]; cast it (e.g. .to(torch.float16))"
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        TorchEvaluator(m16).run(None, feeds)
+
+
+def test_feed_with_wrong_rank(m16: onnx.ModelProto, f16: dict) -> None:
+    feeds = {**f16, "X": f16["X"][0]}
+    expected = "feed 'X' has shape (8, 16) (rank 2), the model declares float16[a, b, c]"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        TorchEvaluator(m16).run(None, feeds)
+
+
+def test_feed_with_wrong_fixed_dim() -> None:
+    model = make_model([oh.make_node("Relu", ["x"], ["y"])], [vi("x", TP.FLOAT, ["n", 4])], [vi("y", TP.FLOAT, ["n", 4])])
+    ev = TorchEvaluator(model)
+    (y,) = ev.run(None, {"x": torch.tensor([[-1.0, 2.0, -3.0, 4.0]])})
+    assert y.tolist() == [[0.0, 2.0, 0.0, 4.0]]
+    with pytest.raises(ValueError, match=re.escape("feed 'x' has shape (2, 5), the model declares float32[n, 4] (axis 1 must be 4)")):
+        ev.run(None, {"x": torch.zeros(2, 5)})
+
+
+def test_numpy_feeds_work(m32: onnx.ModelProto, f32: dict) -> None:
+    (z_np,) = TorchEvaluator(m32).run(None, {k: v.numpy() for k, v in f32.items()})
+    (z_t,) = TorchEvaluator(m32).run(None, f32)
+    assert torch.equal(z_np, z_t)
+
+
+# -- model errors ----------------------------------------------------------------------------------
+
+
+def _output_without_shape() -> onnx.ModelProto:
+    # onnx.checker requires a graph output's type to have a shape field
+    return make_model([oh.make_node("Relu", ["x"], ["y"])], [vi("x", TP.FLOAT, [3])], [vi("y", TP.FLOAT, None)])
+
+
+def test_model_failing_onnx_checker() -> None:
+    with pytest.raises(ValueError, match=r"^the model fails onnx\.checker: .*shape.*; fix the graph \(or pass check_model=False to try anyway\)$"):
+        TorchEvaluator(_output_without_shape())
+    # the suggested way out works
+    (y,) = TorchEvaluator(_output_without_shape(), check_model=False).run(None, {"x": torch.tensor([-1.0, 0.5, 2.0])})
+    assert y.tolist() == [0.0, 0.5, 2.0]
+
+
+def _fused_matmul_model() -> onnx.ModelProto:
+    node = oh.make_node("FusedMatMul", ["x", "w"], ["y"], domain="com.microsoft", alpha=2.0, name="fmm")
+    return make_model([node], [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4])], [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
+
+
+def _einsum_model() -> onnx.ModelProto:
+    node = oh.make_node("Einsum", ["x", "w"], ["y"], equation="ij,jk->ik", name="ein")
+    return make_model([node], [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4])], [vi("y", TP.FLOAT, [2, 4])])
+
+
+def test_missing_kernel_names_the_op_and_suggests_ort() -> None:
+    assert "com.microsoft::FusedMatMul" not in known_ops()
+    with pytest.raises(MissingKernelError) as info:
+        TorchEvaluator(_fused_matmul_model())
+    msg = str(info.value)
+    assert msg.startswith("no torch kernel for com.microsoft::FusedMatMul (opset 1); known ops: Abs, Add, ")
+    assert "LayerNormalization" in msg and "MatMul" in msg
+    assert msg.endswith("run it with onnxruntime instead: TorchEvaluator(model, kernels={('com.microsoft', 'FusedMatMul'): 'ort'})")
+    assert isinstance(info.value, NotImplementedError)
+
+
+def test_missing_kernel_suggestion_works() -> None:
+    x = torch.linspace(-1, 1, 6).reshape(2, 3)
+    w = torch.linspace(0, 2, 12).reshape(3, 4)
+    ev = TorchEvaluator(_fused_matmul_model(), kernels={("com.microsoft", "FusedMatMul"): "ort"})
+    (y,) = ev.run(None, {"x": x, "w": w})
+    assert y.dtype == torch.float32
+    assert_close(y, 2.0 * x.double().numpy() @ w.double().numpy(), atol=1e-6, rtol=1e-6)
+
+
+def test_missing_standard_op_einsum() -> None:
+    if "Einsum" in known_ops():
+        pytest.skip("Einsum has a torch kernel now: this test needs an op without one")
+    with pytest.raises(MissingKernelError, match=re.escape("no torch kernel for Einsum (opset 18); known ops: ")) as info:
+        TorchEvaluator(_einsum_model())
+    assert str(info.value).endswith("TorchEvaluator(model, kernels={('', 'Einsum'): 'ort'})")
+    x, w = torch.randn(2, 3, generator=torch.Generator().manual_seed(0)), torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    (y,) = TorchEvaluator(_einsum_model(), kernels={("", "Einsum"): "ort"}).run(None, {"x": x, "w": w})
+    assert_close(y, np.einsum("ij,jk->ik", x.double().numpy(), w.double().numpy()), atol=1e-6, rtol=1e-6)
+
+
+def test_missing_kernels_are_all_listed() -> None:
+    nodes = [
+        oh.make_node("Einsum", ["x", "w"], ["t"], equation="ij,jk->ik", name="ein"),
+        oh.make_node("FusedMatMul", ["t", "v"], ["y"], domain="com.microsoft", name="fmm"),
+    ]
+    model = make_model(nodes, [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4]), vi("v", TP.FLOAT, [4, 4])], [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
+    with pytest.raises(MissingKernelError) as info:
+        TorchEvaluator(model)
+    assert "com.microsoft::FusedMatMul (opset 1)" in str(info.value)
+    if "Einsum" not in known_ops():
+        assert "Einsum (opset 18)" in str(info.value)
+
+
+def test_kernel_failing_at_run_time_names_node_op_and_shapes(m16: onnx.ModelProto, f16: dict) -> None:
+    # symbolic c is 16 in X but 8 in weights: MatMul cannot multiply them
+    feeds = {**f16, "weights": torch.zeros(8, 8, dtype=torch.float16)}
+    with pytest.raises(RuntimeError, match=re.escape("torch kernel MatMul failed on node 'matmul' (MatMul) with inputs norm: float16[2, 8, 16], weights: float16[8, 8]: ")) as info:
+        TorchEvaluator(m16).run(None, feeds)
+    assert info.value.__cause__ is not None
+
+
+def test_callable_kernel_failing_at_run_time(m32: onnx.ModelProto, f32: dict) -> None:
+    def broken(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        raise ValueError("my kernel is broken")
+
+    with pytest.raises(RuntimeError, match=r"failed on node 'add' \(Add\) with inputs mm: float32\[2, 8, 16\], bias2: float32\[16\]: my kernel is broken"):
+        TorchEvaluator(m32, kernels={"add": broken}).run(None, f32)
+
+
+# -- kernel overrides ------------------------------------------------------------------------------------
+
+
+def _ort_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    model = make_model([oh.make_node("MatMul", ["a", "b"], ["y"])], [vi("a", TP.FLOAT, ["p", "q", "r"]), vi("b", TP.FLOAT, ["r", "s"])], [vi("y", TP.FLOAT, ["p", "q", "s"])])
+    return OrtRunner(model).run(None, {"a": a, "b": b})[0]
+
+
+@pytest.mark.parametrize("key", [("", "MatMul"), "MatMul", "matmul"])
+def test_ort_override_gives_onnxruntime_matmul(m32: onnx.ModelProto, f32: dict, key: object) -> None:
+    values = TorchEvaluator(m32, kernels={key: "ort"}).run(None, f32, intermediates=True)
+    expected = _ort_matmul(values["norm"], f32["weights"])
+    assert values["mm"].dtype == torch.float32
+    assert torch.equal(values["mm"], expected)
+    assert torch.equal(values["Z"], values["mm"] + f32["bias2"])
+
+
+def test_node_name_wins_over_op_type(m32: onnx.ModelProto, f32: dict) -> None:
+    kernels = {("", "MatMul"): lambda a, b: torch.zeros_like(a), "matmul": lambda a, b: 2 * (a @ b)}
+    values = TorchEvaluator(m32, kernels=kernels).run(None, f32, intermediates=True)
+    assert torch.equal(values["mm"], 2 * (values["norm"] @ f32["weights"]))
+
+
+def test_op_type_wins_over_predicate(m32: onnx.ModelProto, f32: dict) -> None:
+    kernels = {(lambda node: node.op_type == "Add"): (lambda a, b: a * 0), ("", "Add"): (lambda a, b: a - b)}
+    values = TorchEvaluator(m32, kernels=kernels).run(None, f32, intermediates=True)
+    assert torch.equal(values["Z"], values["mm"] - f32["bias2"])
+
+
+def test_predicate_key(m32: onnx.ModelProto, f32: dict) -> None:
+    seen: list[str] = []
+
+    def is_add(node: onnx.NodeProto) -> bool:
+        seen.append(node.name)
+        return node.op_type == "Add"
+
+    values = TorchEvaluator(m32, kernels={is_add: lambda a, b: a - b}).run(None, f32, intermediates=True)
+    assert torch.equal(values["Z"], values["mm"] - f32["bias2"])
+    assert set(seen) == {"layer_norm", "matmul", "add"}
+    (plain,) = TorchEvaluator(m32).run(None, f32)
+    assert torch.equal(values["mm"] + f32["bias2"], plain)
+
+
+@pytest.mark.parametrize("wrap", [lambda y: y, lambda y: (y,), lambda y: [y]], ids=["tensor", "tuple", "list"])
+def test_callable_layer_norm_with_wrong_epsilon(m32: onnx.ModelProto, f32: dict, wrap: object) -> None:
+    def layer_norm(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> object:
+        return wrap(F.layer_norm(x, (x.shape[-1],), scale, bias, eps=50.0))  # type: ignore[operator]
+
+    values = TorchEvaluator(m32, kernels={("", "LayerNormalization"): layer_norm}).run(None, f32, intermediates=True)
+    (plain,) = TorchEvaluator(m32).run(None, f32)
+    expected = lnmma_numpy(f32, eps=50.0)
+    assert_close(values["norm"], expected["norm"], atol=1e-5, rtol=1e-5)
+    assert_close(values["Z"], expected["Z"], atol=1e-4, rtol=1e-4)
+    assert compare(plain, values["Z"]).max_abs > 1e-2  # the wrong epsilon shows
+
+
+@pytest.mark.parametrize("compute_dtype", [None, "float64"])
+def test_float64_override_computes_wide_and_casts_back(m16: onnx.ModelProto, f16: dict, compute_dtype: str | None) -> None:
+    values = TorchEvaluator(m16, kernels={"matmul": "float64"}, compute_dtype=compute_dtype).run(None, f16, intermediates=True)
+    wide = values["norm"].double() @ f16["weights"].double()
+    if compute_dtype is None:
+        assert values["mm"].dtype == torch.float16  # the declared dtype
+        assert values["norm"].dtype == torch.float16  # other nodes untouched
+        assert torch.equal(values["mm"], wide.half())
+        # float16 rounding of the float64 product: within half an ULP of numpy's product
+        truth = values["norm"].double().numpy() @ f16["weights"].double().numpy()
+        assert compare(torch.from_numpy(truth).half(), values["mm"]).max_ulp <= 1
+    else:
+        assert values["mm"].dtype == torch.float64  # oracle mode keeps float64
+        assert torch.equal(values["mm"], wide)
+
+
+def test_ort_override_of_layer_norm_in_the_seed_graph(m16: onnx.ModelProto, f16: dict) -> None:
+    values = TorchEvaluator(m16, kernels={("", "LayerNormalization"): "ort"}).run(None, f16, intermediates=True)
+    assert values["norm"].dtype == torch.float16
+    assert tuple(values["norm"].shape) == (2, 8, 16)
+    assert_close(values["norm"], lnmma_numpy(f16)["norm"], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("outputs", [["Y", "mean", "inv"], ["Y", "", "inv"], ["Y", "mean"]], ids=["all", "no-mean", "no-inv"])
+@pytest.mark.parametrize("kernels", [None, {("", "LayerNormalization"): "ort"}], ids=["torch", "ort"])
+def test_layer_norm_optional_outputs(outputs: list[str], kernels: dict | None) -> None:
+    shapes = {"Y": ["a", "c"], "mean": ["a", 1], "inv": ["a", 1]}
+    node = oh.make_node("LayerNormalization", ["X", "s", "b"], outputs, axis=-1, epsilon=1e-5, name="ln")
+    model = make_model(
+        [node],
+        [vi("X", TP.FLOAT, ["a", "c"]), vi("s", TP.FLOAT, ["c"]), vi("b", TP.FLOAT, ["c"])],
+        [vi(o, TP.FLOAT, shapes[o]) for o in outputs if o],
+    )
+    gen = torch.Generator().manual_seed(0)
+    feeds = {"X": torch.randn(3, 8, generator=gen) * 10, "s": torch.rand(8, generator=gen), "b": torch.rand(8, generator=gen)}
+    got = TorchEvaluator(model, kernels=kernels).run(None, feeds)
+    ref = ReferenceEvaluator(model).run(None, {k: v.numpy() for k, v in feeds.items()})
+    assert [tuple(t.shape) for t in got] == [r.shape for r in ref]
+    assert [t.dtype for t in got] == [torch.float32] * len(ref)
+    for t, r in zip(got, ref, strict=True):
+        assert_close(t, r.astype(np.float64), atol=1e-5, rtol=1e-5)
+    x = feeds["X"].double().numpy()
+    inv = 1 / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    by_name = dict(zip([o for o in outputs if o], got, strict=True))
+    if "inv" in by_name:
+        assert_close(by_name["inv"], inv, atol=1e-6, rtol=1e-5)
+    if "mean" in by_name:
+        assert_close(by_name["mean"], x.mean(-1, keepdims=True), atol=1e-5, rtol=1e-5)
+
+
+# -- invalid overrides ---------------------------------------------------------------------------------------
+
+
+def test_invalid_key_type(m32: onnx.ModelProto) -> None:
+    with pytest.raises(TypeError, match=re.escape('kernels key 123 is not valid; keys: an op type ("", "LayerNormalization"), a node name, or a predicate')):
+        TorchEvaluator(m32, kernels={123: "ort"})
+
+
+def test_invalid_op_type_tuple(m32: onnx.ModelProto) -> None:
+    with pytest.raises(TypeError, match=re.escape("kernels key ('', 'MatMul', 13): an op type is a (domain, op_type) pair such as ('', 'MatMul')")):
+        TorchEvaluator(m32, kernels={("", "MatMul", 13): "ort"})
+
+
+def test_key_naming_nothing_lists_node_names(m32: onnx.ModelProto) -> None:
+    with pytest.raises(KeyError, match=re.escape("kernels key 'matmull' names no node and no op type of this model; node names: ['add', 'layer_norm', 'matmul']")):
+        TorchEvaluator(m32, kernels={"matmull": "ort"})
+
+
+def test_invalid_value_lists_valid_values(m32: onnx.ModelProto) -> None:
+    with pytest.raises(ValueError, match=re.escape("kernels['matmul'] = 'cuda' is not valid; ") + r".*values: \"torch\", \"ort\", \"float64\" or a callable"):
+        TorchEvaluator(m32, kernels={"matmul": "cuda"})
+
+
+def test_torch_value_is_the_registry_kernel(m32: onnx.ModelProto, f32: dict) -> None:
+    (a,) = TorchEvaluator(m32, kernels={"matmul": "torch"}).run(None, f32)
+    (b,) = TorchEvaluator(m32).run(None, f32)
+    assert torch.equal(a, b)
