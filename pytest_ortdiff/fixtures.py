@@ -14,10 +14,11 @@ from .tolerance import Tolerance
 if TYPE_CHECKING:
     from .diff import DiffReport
 
-__all__ = ["OrtDiff", "OrtDiffFailure", "_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
+__all__ = ["BASELINE_KEY", "OrtDiff", "OrtDiffFailure", "_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
 
 RESULT_KEY = "ortdiff"
 SKIP_KEY = "ortdiff_skip"
+BASELINE_KEY = "ortdiff_baseline"
 
 
 class OrtDiffFailure(AssertionError):
@@ -31,6 +32,8 @@ class OrtDiff:
     - `compare(expected, got)`: a DiffReport with this test's thresholds and tolerance.
     - `check(model, feeds, *, tolerance=None)`: torch evaluator (expected) vs onnxruntime (got) on this
       provider; fails the test with the report when the tolerance is broken, returns the report otherwise.
+    - `check_baseline(name, outputs)`: this run's outputs vs the stored baseline (bitwise by default).
+    - `check_reproducible(model, feeds)`: repeated runs and varied threads / graph optimizations, bitwise.
     """
 
     def __init__(self, provider: str, dtype: str, tolerance: Tolerance | None = None, node: Any = None, blame_on_failure: bool = False) -> None:
@@ -40,6 +43,9 @@ class OrtDiff:
         self._node = node
         self.blame_on_failure = blame_on_failure
         self.reports: list[DiffReport] = []
+        self._baseline_names: set[str] = set()
+        #: set by check_reproducible; the plugin fails a `reproducible=True` test that never ran one
+        self.reproducible_checked = False
 
     def __repr__(self) -> str:
         return f"OrtDiff(provider={self.provider!r}, dtype={self.dtype!r}, tolerance={self.tolerance.describe()!r})"
@@ -109,6 +115,8 @@ class OrtDiff:
         tolerance: Tolerance | Mapping[str, Any] | None = None,
         reference: str = "torch",
         blame: bool | None = None,
+        baseline: bool | str = False,
+        reproducible: bool | Mapping[str, Any] | None = None,
     ) -> DiffReport:
         """Judge onnxruntime on this provider × dtype; fails the test with the report.
 
@@ -116,6 +124,10 @@ class OrtDiff:
         float64 oracle (cast to the tested dtype) is expected, and onnxruntime and the torch evaluator are
         each judged against it; the report says which one is closer, in ULPs of the tested dtype.
         `blame=True` (or `--ortdiff-blame`) adds the blame table to a failure report.
+        Once the tolerance holds: `baseline=True` (or a name; True names it after the graph) also checks
+        onnxruntime's outputs against their stored baseline (`check_baseline`), and `reproducible=True`
+        (default: the marker's `reproducible=`; a dict passes arguments) runs `check_reproducible`; the
+        failures of both are reported together.
         """
         __tracebackhide__ = True
         from .runtimes.ort import load_model
@@ -153,7 +165,106 @@ class OrtDiff:
             if blame if blame is not None else self.blame_on_failure:
                 lines.append(self.blame(m, feeds).render())
             raise OrtDiffFailure("\n".join(lines))
+        failures: list[str] = []
+        if baseline:
+            name = baseline if isinstance(baseline, str) else (m.graph.name or "check")
+            try:
+                self.check_baseline(name, dict(zip(names, got, strict=True)), reference_report=judged[0][1])
+            except OrtDiffFailure as exc:
+                failures.append(str(exc))
+        repro = self._marker_reproducible() if reproducible is None else reproducible
+        if repro:
+            try:
+                self.check_reproducible(m, feeds, **(dict(repro) if isinstance(repro, Mapping) else {}))
+            except OrtDiffFailure as exc:
+                failures.append(str(exc))
+        if failures:
+            raise OrtDiffFailure("\n\n".join(failures))
         return judged[0][1]
+
+    def _marker_reproducible(self) -> bool | Mapping[str, Any]:
+        marker = self._node.get_closest_marker("ortdiff") if self._node is not None else None
+        return marker.kwargs.get("reproducible", False) if marker is not None else False
+
+    # -- baselines and reproducibility ---------------------------------------------------------
+    def check_baseline(
+        self,
+        name: str,
+        outputs: Any,
+        *,
+        tolerance: Tolerance | Mapping[str, Any] | None = None,
+        reference_report: DiffReport | None = None,
+        max_elements: int | None = None,
+    ) -> Any:
+        """This run's `outputs` (tensor, list or dict) against the baseline `name` stored for this test id
+        × provider × dtype; fails the test on drift, or when the baseline is missing or corrupted.
+
+        Bitwise by default: any changed bit is drift (a baseline catches upgrades that move numbers);
+        `tolerance=` accepts drift within it. `--ortdiff-update-baselines` writes missing, corrupted or
+        drifted baselines and passes. Outputs above `max_elements` elements (ini
+        `ortdiff_baseline_max_elements`, default 65536) are stored as a summary. Returns a
+        `baseline.BaselineOutcome`.
+        """
+        __tracebackhide__ = True
+        from .baseline import baseline_path, check_baseline, settings_for
+
+        if self._node is None:
+            raise RuntimeError("check_baseline needs the `ortdiff` fixture: the baseline is stored under the test's id")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"baseline name must be a non-empty string, got {name!r}")
+        if name in self._baseline_names:
+            raise ValueError(f"baseline name {name!r} is used twice in this test; give each check_baseline call its own name")
+        self._baseline_names.add(name)
+        settings = settings_for(self._node)
+        path = baseline_path(settings.directory, settings.test_name, name)
+        outcome = check_baseline(
+            path,
+            outputs,
+            test=self._node.nodeid,
+            provider=self.provider,
+            dtype=self.dtype,
+            name=name,
+            update=settings.update,
+            tolerance=tolerance,
+            reference_report=reference_report,
+            max_elements=max_elements if max_elements is not None else settings.max_elements,
+        )
+        self._node.user_properties.append((BASELINE_KEY, {"name": name, "action": outcome.action, "path": str(path), "passed": outcome.passed}))
+        comparison = outcome.comparison
+        if comparison is not None and comparison.report is not None:
+            bitwise = Tolerance(atol=0.0, rtol=0.0)
+            self._record(comparison.report, bitwise, outcome.passed, f" [baseline {name}]", describe=comparison.rule)
+        if not outcome.passed:
+            raise OrtDiffFailure(outcome.message)
+        return outcome
+
+    def check_reproducible(
+        self,
+        model: Any,
+        feeds: Mapping[str, Any],
+        *,
+        runs: int = 5,
+        vary: Sequence[str] = ("threads", "graph_optimization"),
+        torch_deterministic: bool | None = None,
+        session_options: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Is `model` bitwise reproducible on this provider? The same session `runs` times, then varied
+        intra-op threads and graph optimization levels (`vary`), and on CUDA the torch evaluator with
+        `torch.use_deterministic_algorithms` on and off; fails the test with the report (a histogram per
+        differing variation) otherwise. Returns a `reproducible.ReproducibilityReport`."""
+        __tracebackhide__ = True
+        from .reproducible import check_reproducible
+        from .runtimes.ort import UnsupportedByProviderError
+
+        self.reproducible_checked = True
+        try:
+            report = check_reproducible(model, feeds, provider=self.provider, runs=runs, vary=vary, torch_deterministic=torch_deterministic, session_options=session_options)
+        except UnsupportedByProviderError as exc:
+            self._skip_unsupported(exc)
+        self._record(report.worst(), Tolerance(atol=0.0, rtol=0.0), report.reproducible, " [reproducible]", describe="bitwise")
+        if not report.reproducible:
+            raise OrtDiffFailure(report.render())
+        return report
 
     def fuzz(
         self,
@@ -238,7 +349,7 @@ class OrtDiff:
             self._record(worst[0], tol, True, " [fuzz]")
         return stats
 
-    def _record(self, report: DiffReport, tol: Tolerance, passed: bool, suffix: str = "") -> None:
+    def _record(self, report: DiffReport, tol: Tolerance, passed: bool, suffix: str = "", describe: str | None = None) -> None:
         from .report import worst_budget_line
 
         self.reports.append(report)
@@ -253,7 +364,7 @@ class OrtDiff:
             "max_ulp": report.max_ulp,
             "worst": worst_budget_line(report, tol.budget),  # type: ignore[arg-type]
             "passed": passed,
-            "tolerance": tol.describe(),
+            "tolerance": describe or tol.describe(),
             "report": report.to_dict(),
         }
         props = self._node.user_properties

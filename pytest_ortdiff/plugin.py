@@ -11,14 +11,23 @@ from typing import Any
 import pytest
 
 from .dtypes import TESTABLE, parse_dtype
-from .fixtures import RESULT_KEY, SKIP_KEY, _ortdiff_case, ort_dtype, ort_provider, ortdiff
+from .fixtures import (
+    BASELINE_KEY,
+    RESULT_KEY,
+    SKIP_KEY,
+    _ortdiff_case,
+    ort_dtype,
+    ort_provider,
+    ortdiff,
+)
 from .providers import parse_provider
 from .tolerance import Tolerance
 
 __all__ = ["_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
 
 _FIXTURES = ("ortdiff", "ort_provider", "ort_dtype")  # all depend on _ortdiff_case
-_MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget")
+_MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget", "reproducible")
+_REPRODUCIBLE_KWARGS = ("runs", "vary", "torch_deterministic", "session_options")
 DEFAULT_PROVIDERS = ("CPU",)
 DEFAULT_DTYPES = ("float32",)
 
@@ -35,6 +44,7 @@ class _State:
     json_path: str | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
     skips: list[dict[str, Any]] = field(default_factory=list)
+    baselines: list[dict[str, Any]] = field(default_factory=list)
 
 
 STATE = pytest.StashKey[_State]()
@@ -109,6 +119,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="write every check's result and report as JSON to PATH (one file per CI job)",
     )
+    group.addoption(
+        "--ortdiff-baseline-dir",
+        dest="ortdiff_baseline_dir",
+        default=None,
+        metavar="DIR",
+        help="store baselines under DIR/<test module path>/ (default: <test dir>/<module>_ortdiff_baselines/; "
+        "ini: ortdiff_baseline_dir)",
+    )
+    group.addoption(
+        "--ortdiff-update-baselines",
+        dest="ortdiff_update_baselines",
+        action="store_true",
+        default=False,
+        help="write missing baselines and rewrite corrupted or drifted ones (deliberately no ini twin: "
+        "without it a baseline is never written)",
+    )
+    parser.addini("ortdiff_baseline_dir", "directory for baselines (as --ortdiff-baseline-dir), relative to the ini file", default="")
+    parser.addini("ortdiff_baseline_max_elements", "outputs with more elements are stored as a summary (checksum, quantiles, sample); default 65536", default="")
     parser.addini("ortdiff_providers", "comma list of providers (as --ort-providers)", default="")
     parser.addini("ortdiff_dtypes", "comma list of dtypes (as --ort-dtypes)", default="")
     parser.addini("ortdiff_skip_unavailable", "skip unavailable providers (as --ort-skip-unavailable)", type="bool", default=False)
@@ -161,11 +189,16 @@ def pytest_configure(config: pytest.Config) -> None:
     _register_hypothesis_profiles()
     config.addinivalue_line(
         "markers",
-        "ortdiff(providers=None, dtypes=None, atol=None, rtol=None, max_ulp=None, budget=None): run the test "
+        "ortdiff(providers=None, dtypes=None, atol=None, rtol=None, max_ulp=None, budget=None, reproducible=False): run the test "
         "for each provider × dtype (intersected with --ort-providers/--ort-dtypes) and set its tolerance; "
         "values may be per dtype, e.g. atol={'float16': 0.5}; budget={1e-2: 0.001, 1.0: 0} allows 0.1 % of "
-        "elements above 1e-2 and none above 1",
+        "elements above 1e-2 and none above 1; reproducible=True (or a dict of check_reproducible arguments: "
+        "runs, vary, torch_deterministic, session_options) makes ortdiff.check() also check bitwise "
+        "reproducibility, and fails a test that never runs such a check",
     )
+    raw = config.getini("ortdiff_baseline_max_elements").strip()
+    if raw and (not raw.isdigit() or int(raw) < 1):
+        raise pytest.UsageError(f"ini ortdiff_baseline_max_elements: expected a positive number of elements such as 65536, got {raw!r}")
     state = _State()
     cli_p = config.getoption("ort_providers")
     ini_p = config.getini("ortdiff_providers")
@@ -233,6 +266,13 @@ def _validate_marker(marker: pytest.Mark, test: str) -> None:
         Tolerance.from_marker(marker.kwargs)
     except (TypeError, ValueError) as exc:
         pytest.fail(f"@pytest.mark.ortdiff on {test}: {exc}", pytrace=False)
+    repro = marker.kwargs.get("reproducible", False)
+    if isinstance(repro, dict):
+        bad = sorted(set(repro) - set(_REPRODUCIBLE_KWARGS))
+        if bad:
+            pytest.fail(f"@pytest.mark.ortdiff on {test}: reproducible: unknown argument(s) {bad}; valid: {', '.join(_REPRODUCIBLE_KWARGS)}", pytrace=False)
+    elif not isinstance(repro, bool):
+        pytest.fail(f"@pytest.mark.ortdiff on {test}: reproducible must be True, False or a dict of check_reproducible arguments ({', '.join(_REPRODUCIBLE_KWARGS)}), got {repro!r}", pytrace=False)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -278,7 +318,41 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(reason)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    # runs after the test body (pytest's own hook) only when it passed: a test marked reproducible=True
+    # that passed without running a reproducibility check checked nothing
+    marker = item.get_closest_marker("ortdiff")
+    if marker is not None and marker.kwargs.get("reproducible"):
+        checker = getattr(item, "funcargs", {}).get("ortdiff")
+        if checker is None or not getattr(checker, "reproducible_checked", False):
+            pytest.fail(
+                f"@pytest.mark.ortdiff(reproducible=...) on {item.nodeid}, but the test ran no reproducibility check: "
+                "call ortdiff.check(model, feeds) (which runs it when the marker asks) or ortdiff.check_reproducible(model, feeds)",
+                pytrace=False,
+            )
+
+
 # -- results -----------------------------------------------------------------------------------
+
+
+def _baseline_summary(tr: Any, rows: list[dict[str, Any]]) -> None:
+    """What happened to stored baselines: files written, and baselines that are missing or corrupted."""
+    written = [r for r in rows if r["action"] in ("created", "updated", "replaced corrupted")]
+    missing = [r for r in rows if r["action"] == "missing"]
+    corrupted = [r for r in rows if r["action"] == "corrupted"]
+    if not (written or missing or corrupted):
+        return
+    tr.write_sep("-", "ortdiff baselines")
+    if written:
+        tr.write_line(f"wrote {len(written)} baseline(s) (--ortdiff-update-baselines); review and commit them:")
+        for r in sorted(written, key=lambda r: r["path"]):
+            tr.write_line(f"  {r['action']:<18} {r['path']}")
+    if missing:
+        tr.write_line(f"{len(missing)} baseline(s) missing: rerun with --ortdiff-update-baselines to create them")
+    if corrupted:
+        tr.write_line(f"{len(corrupted)} baseline file(s) corrupted and left untouched:")
+        tr.write_line("\n".join(f"  {r['path']}" for r in sorted(corrupted, key=lambda r: r["path"])))
 
 
 class _Collector:
@@ -296,13 +370,15 @@ class _Collector:
                 self.state.results.append(row)
             elif key == SKIP_KEY and report.skipped:
                 self.state.skips.append({**value, "test": report.nodeid})
+            elif key == BASELINE_KEY and report.when == "call":
+                self.state.baselines.append({**value, "test": report.nodeid})
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     from .report import render_table
 
     state = config.stash[STATE]
-    if not state.results and not state.skips:
+    if not state.results and not state.skips and not state.baselines:
         return
     tr = terminalreporter
     if state.results:
@@ -316,6 +392,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             grouped[s["reason"]] = grouped.get(s["reason"], 0) + 1
         for reason, count in sorted(grouped.items()):
             tr.write_line(f"{count} test(s) skipped: {reason}")
+    _baseline_summary(tr, state.baselines)
     if state.show_reports and state.results:
         from .diff import DiffReport
 

@@ -1,0 +1,255 @@
+"""Run-to-run reproducibility: the same model and feeds run repeatedly and under varied execution
+settings (threads, graph optimizations, deterministic algorithms), compared bit for bit."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .baseline import bit_mismatches
+from .diff import DiffReport, compare
+
+__all__ = ["VARIATIONS", "ReproducibilityReport", "Variation", "check_reproducible"]
+
+#: what `vary=` accepts
+VARIATIONS = ("threads", "graph_optimization", "deterministic_compute")
+_LEVELS = ("disable", "basic", "extended")  # each against "all", onnxruntime's default
+
+
+@dataclass(frozen=True)
+class Variation:
+    """One comparison: outputs under `against` (the reference) vs under `got`, bit for bit."""
+
+    kind: str  # "repeat", "threads", "graph_optimization", "deterministic_compute", "torch_deterministic"
+    against: str
+    got: str
+    report: DiffReport | None = None  # reference (expected) vs varied (got), histogram included
+    bit_mismatches: int = 0
+    n: int = 0
+    outputs_differ: tuple[str, ...] = ()
+    note: str = ""
+    error: str = ""  # the variation could not run here; it says why
+
+    @property
+    def identical(self) -> bool:
+        return not self.error and self.bit_mismatches == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "against": self.against,
+            "got": self.got,
+            "identical": self.identical,
+            "bit_mismatches": self.bit_mismatches,
+            "n": self.n,
+            "outputs_differ": list(self.outputs_differ),
+            "note": self.note,
+            "error": self.error,
+            "report": self.report.to_dict() if self.report is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class ReproducibilityReport:
+    """Every variation of one model on one provider; `.reproducible` when all that ran are bitwise identical."""
+
+    model: str
+    provider: str
+    dtype: str
+    runs: int
+    variations: tuple[Variation, ...]
+
+    @property
+    def reproducible(self) -> bool:
+        return all(v.identical for v in self.variations if not v.error)
+
+    @property
+    def differing(self) -> tuple[Variation, ...]:
+        return tuple(v for v in self.variations if not v.error and not v.identical)
+
+    def worst(self) -> DiffReport:
+        """The report of the variation with the largest difference (an exact one when none differs)."""
+        reports = [v.report for v in self.variations if v.report is not None]
+        if not reports:
+            return DiffReport(name=self.model)
+        return max(reports, key=lambda r: (r.nan_mismatch + r.inf_mismatch, r.max_abs, r.mismatches))
+
+    def summary(self) -> str:
+        ran = [v for v in self.variations if not v.error]
+        if self.reproducible:
+            return f"reproducible: {len(ran)} variation(s), all bitwise identical"
+        return f"NOT reproducible: {len(self.differing)} of {len(ran)} variation(s) differ"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "provider": self.provider,
+            "dtype": self.dtype,
+            "runs": self.runs,
+            "reproducible": self.reproducible,
+            "variations": [v.to_dict() for v in self.variations],
+        }
+
+    def render(self) -> str:
+        lines = [f"ortdiff.check_reproducible: {self.model} on {self.provider} ({self.dtype}): {self.summary()}"]
+        head = ("variation", "reference", "varied", "elements differ", "max abs", "outputs differ")
+        rows = []
+        for v in self.variations:
+            if v.error:
+                rows.append((v.kind, v.against, v.got, "not run", "-", v.error))
+                continue
+            max_abs = "-" if v.report is None else f"{v.report.max_abs:.3g}" if v.report.max_abs else "0"
+            differ = f"{v.bit_mismatches:,} of {v.n:,}"
+            rows.append((v.kind, v.against, v.got + (f" ({v.note})" if v.note else ""), differ, max_abs, ", ".join(v.outputs_differ) or "-"))
+        widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+        lines += ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
+        for v in self.differing:
+            lines.append(f"{v.kind}: {v.against} vs {v.got}: {v.bit_mismatches:,} of {v.n:,} elements differ in their bits" + (f" ({v.note})" if v.note else ""))
+            if v.report is not None:
+                lines.append(v.report.render())
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _diff(kind: str, against: str, got: str, expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor], names: Sequence[str], note: str = "") -> Variation:
+    bits = [bit_mismatches(e, a) for e, a in zip(expected, actual, strict=True)]
+    report = compare(dict(zip(names, expected, strict=True)), dict(zip(names, actual, strict=True)))
+    return Variation(
+        kind,
+        against,
+        got,
+        report=report,
+        bit_mismatches=sum(bits),
+        n=sum(e.numel() for e in expected),
+        outputs_differ=tuple(n for n, b in zip(names, bits, strict=True) if b),
+        note=note,
+    )
+
+
+def _repeat(kind: str, against: str, run: Any, runs: int, names: Sequence[str]) -> Variation:
+    """`runs` calls of `run()`, each compared with the first; reports the worst one and how many differ."""
+    first = [t.clone() for t in run()]
+    worst: Variation | None = None
+    differ = 0
+    for i in range(2, runs + 1):
+        v = _diff(kind, against, f"run {i}", first, run(), names)
+        differ += not v.identical
+        if worst is None or (v.bit_mismatches, v.report.max_abs if v.report else 0) > (worst.bit_mismatches, worst.report.max_abs if worst.report else 0):
+            worst = v
+    assert worst is not None
+    got = (f"runs 2-{runs}" if runs > 2 else "run 2") if worst.identical else f"{worst.got} (worst)"
+    note = f"{differ} of {runs - 1} runs differ" if differ else ""
+    return Variation(kind, against, got, worst.report, worst.bit_mismatches, worst.n, worst.outputs_differ, note)
+
+
+def _label(options: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in options.items()) or "default options"
+
+
+def check_reproducible(
+    model: Any,
+    feeds: Mapping[str, Any],
+    *,
+    provider: str = "CPU",
+    runs: int = 5,
+    vary: Sequence[str] = ("threads", "graph_optimization"),
+    torch_deterministic: bool | None = None,
+    session_options: Mapping[str, Any] | None = None,
+    threads: Sequence[int] | None = None,
+) -> ReproducibilityReport:
+    """Is `model` on onnxruntime `provider` bitwise reproducible?
+
+    - repeat: one session run `runs` times (the user's `session_options`, else onnxruntime's defaults);
+    - `vary` "threads": intra_op_num_threads 1 vs 2 (and vs os.cpu_count() when larger; `threads=` to
+      choose), graph optimizations "all"; "graph_optimization": level "all" vs "disable", "basic",
+      "extended", one thread; "deterministic_compute": onnxruntime's use_deterministic_compute off vs on;
+    - torch evaluator with `torch.use_deterministic_algorithms` on and off, `runs` times each, side by
+      side (and on vs off): by default on CUDA providers only (`torch_deterministic=True` forces it).
+
+    Every comparison is bit for bit; the report holds a DiffReport (histogram) per variation.
+    """
+    from .providers import parse_provider, torch_device
+    from .runtimes.ort import OrtRunner, load_model
+
+    if isinstance(vary, str):
+        vary = (vary,)
+    unknown = [v for v in vary if v not in VARIATIONS]
+    if unknown:
+        raise ValueError(f"vary: unknown variation(s) {unknown}; valid: {', '.join(VARIATIONS)}")
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 2:
+        raise ValueError(f"runs must be an integer >= 2 (the first run is the reference), got {runs!r}")
+    provider = parse_provider(provider)
+    m = load_model(model)
+    names = [o.name for o in m.graph.output]
+    base = dict(session_options or {})
+    variations: list[Variation] = []
+
+    def runner(options: Mapping[str, Any] | None) -> Any:
+        r = OrtRunner(m, provider=provider, session_options=dict(options) if options else None)
+        return lambda: r.run(None, feeds)
+
+    variations.append(_repeat("repeat", f"run 1 ({_label(base)})", runner(base), runs, names))
+    if "threads" in vary:
+        counts = list(threads) if threads is not None else sorted({1, 2, os.cpu_count() or 2})
+        if len(counts) < 2:
+            raise ValueError(f"threads must list at least two thread counts, got {counts}")
+        ref_opts = {**base, "intra_op_num_threads": counts[0]}
+        ref = runner(ref_opts)()
+        for c in counts[1:]:
+            opts = {**base, "intra_op_num_threads": c}
+            variations.append(_diff("threads", f"intra_op_num_threads={counts[0]}", f"intra_op_num_threads={c}", ref, runner(opts)(), names))
+    if "graph_optimization" in vary:
+        one = {"intra_op_num_threads": 1, **base}
+        ref = runner({**one, "graph_optimization_level": "all"})()
+        for level in _LEVELS:
+            got = runner({**one, "graph_optimization_level": level})()
+            variations.append(_diff("graph_optimization", "graph_optimization_level=all", f"graph_optimization_level={level}", ref, got, names))
+    if "deterministic_compute" in vary:
+        ref = runner({**base, "use_deterministic_compute": False})()
+        got = runner({**base, "use_deterministic_compute": True})()
+        variations.append(_diff("deterministic_compute", "use_deterministic_compute=False", "use_deterministic_compute=True", ref, got, names))
+    device = torch_device(provider)
+    if torch_deterministic if torch_deterministic is not None else device.startswith("cuda"):
+        variations += _torch_deterministic(m, feeds, device, runs, names)
+    first = variations[0].report
+    return ReproducibilityReport(m.graph.name or "model", provider, first.dtype if first else "", runs, tuple(variations))
+
+
+def _torch_deterministic(model: Any, feeds: Mapping[str, Any], device: str, runs: int, names: Sequence[str]) -> list[Variation]:
+    """The torch evaluator `runs` times with deterministic algorithms on, then off, then on vs off;
+    the process's previous setting is restored whatever happens."""
+    from .runtimes.evaluator import TorchEvaluator
+
+    evaluator = TorchEvaluator(model, device=device)
+    tfeeds = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in feeds.items()}
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    out: list[Variation] = []
+    firsts: dict[bool, list[torch.Tensor]] = {}
+    try:
+        for flag in (True, False):
+            label = f"torch {device} deterministic_algorithms={flag}"
+            try:
+                torch.use_deterministic_algorithms(flag)
+
+                def run() -> list[torch.Tensor]:
+                    outs = evaluator.run(None, tfeeds)
+                    if device.startswith("cuda"):
+                        torch.cuda.synchronize()
+                    return outs
+
+                firsts[flag] = [t.clone() for t in run()]
+                out.append(_repeat("torch_deterministic", f"{label}: run 1", run, runs, names))
+            except RuntimeError as exc:  # e.g. cuBLAS without CUBLAS_WORKSPACE_CONFIG=:4096:8
+                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                out.append(Variation("torch_deterministic", f"{label}: run 1", f"runs 2-{runs}", error=msg))
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+    if True in firsts and False in firsts:
+        out.append(_diff("torch_deterministic", f"torch {device} deterministic_algorithms=True", "deterministic_algorithms=False", firsts[True], firsts[False], names))
+    return out

@@ -1,0 +1,533 @@
+"""Stored baselines: lossless round trip per dtype, summaries of large outputs, drift with histogram and
+environment changes, corrupted files reported and left alone, the update flag, atomic writes under
+pytest-xdist."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_ortdiff import baseline as B
+from pytest_ortdiff.baseline import (
+    CorruptBaselineError,
+    check_baseline,
+    compare_baseline,
+    load_baseline,
+    write_baseline,
+)
+
+FAKE_ENV = {"onnxruntime": "1.31.0", "torch": "2.12.0", "onnx": "1.22.0", "numpy": "2.4.6", "python": "3.11.0", "provider": "CPUExecutionProvider", "device": "Old CPU", "cpu": "Old CPU", "platform": "Linux x86_64"}
+
+
+def _special(dtype: torch.dtype) -> torch.Tensor:
+    """Every kind of value a dtype has: NaN, ±inf, -0.0, subnormals, extremes."""
+    if dtype == torch.bool:
+        return torch.tensor([True, False, True, True, False])
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        return torch.tensor([0, 1, -1, info.max, info.min, 12345], dtype=dtype)
+    info = torch.finfo(dtype)
+    vals = torch.tensor([0.0, -0.0, 1.0, -1.5, float("nan"), float("inf"), float("-inf")], dtype=dtype)
+    extremes = torch.tensor([info.max, -info.max, info.tiny, info.tiny / 4, info.eps], dtype=dtype)
+    rand = torch.randn(3, 7, generator=torch.Generator().manual_seed(0)).to(dtype)
+    return torch.cat([vals, extremes, rand.reshape(-1)]).reshape(3, -1)
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return B._to_numpy_bits(t).tobytes()
+
+
+# -- round trip --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.bool])
+def test_round_trip_is_lossless_for_every_dtype(tmp_path: Path, dtype: torch.dtype) -> None:
+    t = _special(dtype)
+    path = write_baseline(tmp_path / "t.x.npz", {"Y": t, "scalar": t.reshape(-1)[2].clone()}, test="t.py::t", dtype=str(dtype)[6:], name="x", env=FAKE_ENV)
+    b = load_baseline(path)
+    y = b.outputs["Y"]
+    assert y.stored == "full" and y.tensor is not None
+    assert y.tensor.dtype == dtype and tuple(y.tensor.shape) == tuple(t.shape)
+    assert _bits(y.tensor) == _bits(t)  # bit for bit: NaN, -0.0, subnormals included
+    assert b.outputs["scalar"].shape == ()
+    assert b.environment == FAKE_ENV
+    assert compare_baseline(b, {"Y": t, "scalar": t.reshape(-1)[2]}, env=FAKE_ENV).identical
+    # the readable sidecar holds the same metadata
+    side = json.loads(path.with_suffix(".json").read_text())
+    assert side["outputs"]["Y"]["dtype"] == B.dtype_of(dtype).short
+    assert side["outputs"]["Y"]["sha256"] == hashlib.sha256(_bits(t)).hexdigest()
+
+
+def test_bfloat16_is_stored_as_its_uint16_bits(tmp_path: Path) -> None:
+    t = torch.tensor([1.0, -2.5, 3.140625], dtype=torch.bfloat16)
+    path = write_baseline(tmp_path / "t.x.npz", t, env=FAKE_ENV)
+    with np.load(path) as npz:
+        stored = npz["full_0"]
+        meta = json.loads(str(npz["__meta__"]))
+    assert stored.dtype == np.uint16
+    assert stored.tolist() == [0x3F80, 0xC020, 0x4049]
+    assert meta["outputs"]["output"]["dtype"] == "bfloat16"
+
+
+def test_reference_report_and_environment_are_stored(tmp_path: Path) -> None:
+    from pytest_ortdiff import compare
+
+    ref = compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]))
+    path = write_baseline(tmp_path / "t.x.npz", [torch.ones(2)], name="x", reference_report=ref, env=FAKE_ENV)
+    b = load_baseline(path)
+    assert b.reference_report is not None and b.reference_report.max_abs == 0.5
+    assert b.meta["written_by"].startswith("pytest-ortdiff ")
+
+
+def test_environment_names_versions_provider_and_device() -> None:
+    import onnxruntime
+
+    env = B.environment("CPU")
+    assert env["onnxruntime"] == onnxruntime.__version__
+    assert env["torch"] == torch.__version__
+    assert env["provider"] == "CPUExecutionProvider"
+    assert env["device"] and env["cpu"] and env["device"] == env["cpu"]
+    assert {"onnx", "numpy", "python", "platform"} <= set(env)
+    changes = B.environment_changes(FAKE_ENV, {**FAKE_ENV, "onnxruntime": "1.32.0", "cuda": "12.8"})
+    assert changes == [("onnxruntime", "1.31.0", "1.32.0"), ("cuda", "(none)", "12.8")]
+
+
+# -- large outputs: summary --------------------------------------------------------------------
+
+
+def test_large_output_is_stored_as_a_summary_that_detects_drift(tmp_path: Path) -> None:
+    t = torch.randn(64, 1000, generator=torch.Generator().manual_seed(1))
+    path = write_baseline(tmp_path / "t.x.npz", {"Z": t}, max_elements=10_000, env=FAKE_ENV)
+    b = load_baseline(path)
+    z = b.outputs["Z"]
+    assert z.stored == "summary" and z.sample is not None
+    stride = z.summary["sample_stride"]
+    assert stride == 16 and z.sample.numel() == 4000
+    assert torch.equal(z.sample, t.reshape(-1)[::16])
+    q = z.summary["quantiles"]
+    assert q["0.0"] == pytest.approx(float(t.min())) and q["1.0"] == pytest.approx(float(t.max()))
+    assert q["0.5"] == pytest.approx(float(np.quantile(t.numpy().astype(np.float64), 0.5)), rel=1e-6)
+    assert z.summary["mean"] == pytest.approx(float(t.double().mean()))
+    assert path.stat().st_size < t.numel() * 4 / 10  # far smaller than the tensor
+
+    assert compare_baseline(b, {"Z": t.clone()}, env=FAKE_ENV).identical
+    # a sampled element moves: counted, with the histogram and where it is in the full tensor
+    moved = t.clone()
+    moved.view(-1)[16 * 10] += 0.5
+    c = compare_baseline(b, {"Z": moved}, env=FAKE_ENV)
+    (o,) = c.outputs
+    assert not c.passed and o.status == "drift" and o.bit_mismatches == 1 and o.compared == 4000
+    assert o.report is not None and o.report.max_abs == pytest.approx(0.5, abs=1e-6)
+    assert "element (0, 160) of the output" in o.note
+    # an element outside the sample moves: the checksum still catches it
+    hidden = t.clone()
+    hidden.view(-1)[17] += 1e-3
+    (o,) = compare_baseline(b, {"Z": hidden}, env=FAKE_ENV).outputs
+    assert o.status == "drift" and o.bit_mismatches == 0
+    assert "the sampled elements are identical: the drift is elsewhere" in o.note
+    assert [name for name, _, _ in o.quantiles] == ["0.0", "0.01", "0.25", "0.5", "0.75", "0.99", "1.0"]
+
+
+# -- comparison --------------------------------------------------------------------------------
+
+
+def test_bitwise_by_default_tolerance_on_request(tmp_path: Path) -> None:
+    t = torch.linspace(-1, 1, 101)
+    b = load_baseline(write_baseline(tmp_path / "t.x.npz", {"Y": t}, env=FAKE_ENV))
+    nudged = t.clone()
+    nudged[3] = torch.nextafter(t[3], torch.tensor(2.0))  # one ULP
+    bitwise = compare_baseline(b, {"Y": nudged}, env=FAKE_ENV)
+    assert not bitwise.passed and bitwise.rule == "bitwise"
+    assert bitwise.outputs[0].bit_mismatches == 1
+    loose = compare_baseline(b, {"Y": nudged}, tolerance={"atol": 1e-6, "rtol": 0}, env=FAKE_ENV)
+    assert loose.passed and not loose.identical and loose.rule == "atol=1e-06 rtol=0"
+    tight = compare_baseline(b, {"Y": nudged + 1e-3}, tolerance={"atol": 1e-6, "rtol": 0}, env=FAKE_ENV)
+    assert not tight.passed and "exceed atol=1e-06" in tight.outputs[0].violations[0]
+    # signed zero: equal values, different bits -> drift under the bitwise rule
+    zero = load_baseline(write_baseline(tmp_path / "z.x.npz", {"Y": torch.zeros(3)}, env=FAKE_ENV))
+    assert compare_baseline(zero, {"Y": -torch.zeros(3)}, env=FAKE_ENV).outputs[0].bit_mismatches == 3
+
+
+def test_shape_dtype_and_output_set_changes_are_drift(tmp_path: Path) -> None:
+    b = load_baseline(write_baseline(tmp_path / "t.x.npz", {"Y": torch.ones(2, 3), "W": torch.ones(2)}, env=FAKE_ENV))
+    c = compare_baseline(b, {"Y": torch.ones(3, 2), "V": torch.ones(2)}, tolerance={"atol": 1.0}, env=FAKE_ENV)
+    status = {o.name: (o.status, o.note) for o in c.outputs}
+    assert status["Y"] == ("shape", "shape changed: (2, 3) -> (3, 2)")
+    assert status["W"][0] == "removed" and status["V"][0] == "added"
+    assert not c.passed  # even with a tolerance
+    c = compare_baseline(b, {"Y": torch.ones(2, 3, dtype=torch.float16), "W": torch.ones(2)}, env=FAKE_ENV)
+    assert c.outputs[0].note == "dtype changed: float32 -> float16"
+
+
+def test_drift_render_shows_environment_changes_and_histogram(tmp_path: Path) -> None:
+    path = write_baseline(tmp_path / "t.x.npz", {"Y": torch.zeros(1000)}, name="x", env=FAKE_ENV)
+    moved = torch.zeros(1000)
+    moved[:50] = 0.02
+    moved[7] = 3.0
+    text = compare_baseline(load_baseline(path), {"Y": moved}, env={**FAKE_ENV, "onnxruntime": "1.32.0"}).render()
+    print(text)
+    assert "baseline 'x': DRIFTED (bitwise; written " in text
+    assert "environment changed since the baseline was written:\n    onnxruntime: 1.31.0 -> 1.32.0" in text
+    assert "  - Y: 50 of 1,000 elements differ in their bits (float32[1000])" in text
+    assert "max abs   3          at (7): expected 0, got 3" in text
+    assert "      0.01          50    5.00 %  ██████████████████████████████" in text
+    assert "         1           1    0.10 %  █" in text
+
+
+# -- check_baseline: missing, corrupted, drift, update -------------------------------------------
+
+
+def test_missing_baseline_fails_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "t.x.npz"
+    out = check_baseline(path, torch.ones(3), test="t.py::test_a[CPU-float32]", name="x")
+    assert (out.action, out.passed) == ("missing", False)
+    assert "no baseline 'x' of t.py::test_a[CPU-float32]" in out.message
+    assert "run: pytest 't.py::test_a[CPU-float32]' --ortdiff-update-baselines" in out.message
+    assert not path.parent.exists()
+    out = check_baseline(path, torch.ones(3), test="t.py::test_a[CPU-float32]", name="x", update=True)
+    assert (out.action, out.passed) == ("created", True) and path.exists()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate", "garbage", "flip_bits", "empty", "no_meta", "bad_json"],
+)
+def test_corrupted_baseline_is_reported_and_left_untouched(tmp_path: Path, damage: str) -> None:
+    path = write_baseline(tmp_path / "t.x.npz", {"Y": torch.arange(100.0)}, test="t.py::t", name="x", env=FAKE_ENV)
+    raw = path.read_bytes()
+    if damage == "truncate":
+        bad = raw[: len(raw) // 2]
+    elif damage == "garbage":
+        bad = b"not a baseline at all"
+    elif damage == "empty":
+        bad = b""
+    else:
+        with np.load(io.BytesIO(raw)) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        if damage == "flip_bits":  # a valid zip whose data no longer match the recorded sha256
+            arrays["full_0"] = arrays["full_0"].copy()
+            arrays["full_0"][5] += 1
+        elif damage == "no_meta":
+            del arrays["__meta__"]
+        else:
+            arrays["__meta__"] = np.array("{not json")
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        bad = buf.getvalue()
+    path.write_bytes(bad)
+    with pytest.raises(CorruptBaselineError) as info:
+        load_baseline(path)
+    assert info.value.path == path
+    out = check_baseline(path, torch.arange(100.0), test="t.py::t", name="x")
+    assert (out.action, out.passed) == ("corrupted", False)
+    assert f"the baseline file is corrupted and was NOT overwritten:\n  {path}" in out.message
+    assert "--ortdiff-update-baselines" in out.message and "git checkout" in out.message
+    assert path.read_bytes() == bad  # untouched
+    expected_reason = {
+        "truncate": "truncated or not a zip file",
+        "garbage": "truncated or not a zip file",
+        "empty": "truncated or not a zip file",
+        "flip_bits": "stored bits do not match their recorded sha256",
+        "no_meta": "no __meta__ entry",
+        "bad_json": "unreadable",
+    }[damage]
+    assert expected_reason in out.message
+    # the update flag replaces it
+    out = check_baseline(path, torch.arange(100.0), test="t.py::t", name="x", update=True)
+    assert (out.action, out.passed) == ("replaced corrupted", True)
+    assert load_baseline(path).outputs["output"].tensor is not None
+
+
+def test_baseline_of_another_provider_is_refused(tmp_path: Path) -> None:
+    path = write_baseline(tmp_path / "t.x.npz", torch.ones(2), provider="CUDA", dtype="float16", name="x", env=FAKE_ENV)
+    raw = path.read_bytes()
+    out = check_baseline(path, torch.ones(2), test="t.py::t", provider="CPU", dtype="float16", name="x")
+    assert out.action == "corrupted" and "written for provider 'CUDA' (this test: 'CPU')" in out.message
+    assert path.read_bytes() == raw
+
+
+def test_update_rewrites_drift_and_leaves_identical_files_alone(tmp_path: Path) -> None:
+    path = tmp_path / "t.x.npz"
+    check_baseline(path, torch.ones(4), test="t.py::t", name="x", update=True)
+    raw = path.read_bytes()
+    out = check_baseline(path, torch.ones(4), test="t.py::t", name="x", update=True)
+    assert out.action == "unchanged" and path.read_bytes() == raw  # no churn
+    out = check_baseline(path, torch.full((4,), 2.0), test="t.py::t", name="x")
+    assert (out.action, out.passed) == ("drift", False) and path.read_bytes() == raw
+    assert "if the new numbers are right, accept them: pytest 't.py::t' --ortdiff-update-baselines" in out.message
+    out = check_baseline(path, torch.full((4,), 2.0), test="t.py::t", name="x", update=True)
+    assert (out.action, out.passed) == ("updated", True)
+    assert torch.equal(load_baseline(path).outputs["output"].tensor, torch.full((4,), 2.0))
+
+
+def test_atomic_writes_never_expose_half_a_file(tmp_path: Path) -> None:
+    """Two writers replace the same baseline over and over while a reader loads it: every load sees one
+    complete version, and no temporary file is left behind."""
+    path = tmp_path / "t.x.npz"
+    versions = {k: torch.full((20_000,), float(k)) for k in range(2)}
+    write_baseline(path, versions[0], env=FAKE_ENV)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            for _ in range(15):
+                write_baseline(path, versions[k], env=FAKE_ENV)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    seen: set[float] = set()
+
+    def reader() -> None:
+        while not stop.is_set():
+            t = load_baseline(path).outputs["output"].tensor
+            assert t is not None
+            seen.add(float(t[0]))
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in (0, 1)]
+    r = threading.Thread(target=reader)
+    r.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    r.join()
+    assert not errors
+    assert seen <= {0.0, 1.0} and seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.x.json", "t.x.npz"]
+
+
+def test_file_names_are_safe_and_bounded() -> None:
+    assert B.baseline_test_name("tests/test_x.py::TestA::test_b[CPU-float32]") == "TestA.test_b[CPU-float32]"
+    p = B.baseline_path("d", "test_a[CPU-float32]", "my model/v2")
+    assert p.name == "test_a[CPU-float32].my_model_v2.npz"
+    long = B.baseline_path("d", "test_" + "x" * 300, "y")
+    assert len(long.name) < 200
+    assert long != B.baseline_path("d", "test_" + "x" * 299 + "z", "y")
+
+
+# -- through pytest ------------------------------------------------------------------------------
+
+BASELINE_TEST = """
+import pytest
+import torch
+
+SEED = {seed}
+
+@pytest.mark.ortdiff(dtypes=["float32", "float16", "bfloat16", "float64"])
+def test_outputs(ortdiff):
+    g = torch.Generator().manual_seed(SEED)
+    out = {{
+        "y": torch.randn(4, 8, generator=g).to(ortdiff.torch_dtype),
+        "idx": torch.arange(6) * SEED,
+        "mask": torch.rand(5, generator=g) > 0.5,
+    }}
+    ortdiff.check_baseline("outputs", out)
+"""
+
+
+F32 = "--ort-dtypes=float32"
+
+
+def _glob(text: str) -> str:
+    return "".join({"[": "[[]", "]": "[]]", "*": "[*]", "?": "[?]"}.get(c, c) for c in text)
+
+
+def _files(pytester: pytest.Pytester, module: str = "test_base") -> dict[str, bytes]:
+    d = pytester.path / f"{module}_ortdiff_baselines"
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())} if d.exists() else {}
+
+
+def test_missing_baseline_fails_with_how_to_create_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_base=BASELINE_TEST.format(seed=0))
+    result = pytester.runpytest("--ort-dtypes=float32")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ortdiff: no baseline 'outputs' of test_base.py::test_outputs[[]CPU-float32[]] (CPU float32): expected at",
+            "*test_base_ortdiff_baselines/test_outputs[[]CPU-float32[]].outputs.npz",
+            "*to create it, run: pytest 'test_base.py::test_outputs[[]CPU-float32[]]' --ortdiff-update-baselines",
+            "*1 baseline(s) missing: rerun with --ortdiff-update-baselines to create them",
+        ]
+    )
+    assert _files(pytester) == {}
+
+
+def test_round_trip_drift_and_update_through_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_base=BASELINE_TEST.format(seed=0))
+    dtypes = "--ort-dtypes=float32,float16,bfloat16,float64"
+    monkeypatch.setattr(B, "environment", lambda provider="CPU": dict(FAKE_ENV))
+    result = pytester.runpytest(dtypes, "--ortdiff-update-baselines")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*- ortdiff baselines -*", "wrote 4 baseline(s) (--ortdiff-update-baselines); review and commit them:", "  created * *test_outputs[[]CPU-bfloat16[]].outputs.npz"])
+    written = _files(pytester)
+    assert sorted(written) == sorted(f"test_outputs[CPU-{d}].outputs.{ext}" for d in ("float32", "float16", "bfloat16", "float64") for ext in ("npz", "json"))
+    meta = json.loads(written["test_outputs[CPU-bfloat16].outputs.json"])
+    assert meta["test"] == "test_base.py::test_outputs[CPU-bfloat16]" and meta["provider"] == "CPU" and meta["dtype"] == "bfloat16"
+    assert {k: v["dtype"] for k, v in meta["outputs"].items()} == {"y": "bfloat16", "idx": "int64", "mask": "bool"}
+
+    # the same numbers again: passes (bitwise), one summary row per check, files untouched
+    result = pytester.runpytest(dtypes)
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["test_base.py::test_outputs[[]CPU-float16[]] [[]baseline outputs[]]*CPU*float16*exact*passed"])
+    assert _files(pytester) == written
+
+    # a deliberate change (another seed) under a newer onnxruntime: drift, with histogram and environment
+    pytester.makepyfile(test_base=BASELINE_TEST.format(seed=1))
+    monkeypatch.setattr(B, "environment", lambda provider="CPU": {**FAKE_ENV, "onnxruntime": "1.32.0", "torch": "2.13.0"})
+    result = pytester.runpytest(dtypes)
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "*ortdiff: baseline 'outputs' of test_base.py::test_outputs[[]CPU-float32[]] (CPU float32) drifted (bitwise: any change is drift)",
+            "*environment changed since the baseline was written:",
+            "*    onnxruntime: 1.31.0 -> 1.32.0",
+            "*    torch: 2.12.0 -> 2.13.0",
+            "*  - y: 32 of 32 elements differ in their bits (float32[[]4x8[]])",
+            "*|diff| >   elements   share*",
+            "*           0          32  100.00 %  ██████████████████████████████",
+            "*  - idx: 5 of 6 elements differ in their bits (int64[[]6[]])",
+            "*if the new numbers are right, accept them: pytest 'test_base.py::test_outputs[[]CPU-float32[]]' --ortdiff-update-baselines",
+        ]
+    )
+    result.stdout.fnmatch_lines(["test_base.py::test_outputs[[]CPU-float32[]] [[]baseline outputs[]]*CPU*float32*failed"])
+    assert _files(pytester) == written  # drift never rewrites without the flag
+
+    # the update flag rewrites them; the next run passes
+    result = pytester.runpytest(dtypes, "--ortdiff-update-baselines")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["wrote 4 baseline(s)*", "  updated *"])
+    rewritten = _files(pytester)
+    assert all(rewritten[k] != written[k] for k in written)
+    assert json.loads(rewritten["test_outputs[CPU-float32].outputs.json"])["environment"]["onnxruntime"] == "1.32.0"
+    pytester.runpytest(dtypes).assert_outcomes(passed=4)
+
+
+def test_corrupted_file_fails_naming_it_and_is_not_overwritten(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_base=BASELINE_TEST.format(seed=0))
+    pytester.runpytest(F32, "--ortdiff-update-baselines").assert_outcomes(passed=1)
+    path = pytester.path / "test_base_ortdiff_baselines" / "test_outputs[CPU-float32].outputs.npz"
+    truncated = path.read_bytes()[:100]
+    path.write_bytes(truncated)
+    result = pytester.runpytest(F32)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the baseline file is corrupted and was NOT overwritten:",
+            "*" + _glob(str(path)),
+            "*reason: truncated or not a zip file (BadZipFile: *",
+            "*replace it with this run's numbers: pytest 'test_base.py::test_outputs[[]CPU-float32[]]' --ortdiff-update-baselines",
+            "*1 baseline file(s) corrupted and left untouched:",
+        ]
+    )
+    assert path.read_bytes() == truncated
+    result = pytester.runpytest(F32, "--ortdiff-update-baselines")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["  replaced corrupted *test_outputs[[]CPU-float32[]].outputs.npz"])
+    pytester.runpytest(F32).assert_outcomes(passed=1)
+
+
+def test_check_with_baseline_stores_ort_outputs_and_the_reference_report(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_seed="""
+        from pytest_ortdiff import models
+
+        def test_lnmm(ortdiff):
+            model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+            feeds = models.random_feeds(model, dims={"a": 2, "b": 16, "c": 32}, seed=0)
+            ortdiff.check(model, feeds, baseline=True)
+            ortdiff.check(model, feeds, baseline="second")
+        """
+    )
+    pytester.runpytest("--ortdiff-update-baselines").assert_outcomes(passed=1)
+    d = pytester.path / "test_seed_ortdiff_baselines"
+    assert sorted(p.name for p in d.glob("*.npz")) == ["test_lnmm[CPU-float32].layer_norm_matmul_add.npz", "test_lnmm[CPU-float32].second.npz"]
+    b = load_baseline(d / "test_lnmm[CPU-float32].layer_norm_matmul_add.npz")
+    assert b.outputs["Z"].shape == (2, 16, 32) and b.outputs["Z"].stored == "full"
+    assert b.reference_report is not None and b.reference_report.n == 1024 and 0 < b.reference_report.max_abs < 1e-3
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float32[]] [[]baseline layer_norm_matmul_add[]]*CPU*exact*passed"])
+
+
+def test_same_name_twice_in_one_test_is_an_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("import torch\ndef test_a(ortdiff):\n    ortdiff.check_baseline('x', torch.ones(2))\n    ortdiff.check_baseline('x', torch.ones(2))\n")
+    result = pytester.runpytest("--ortdiff-update-baselines")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*baseline name 'x' is used twice in this test; give each check_baseline call its own name"])
+
+
+def test_baseline_dir_option_ini_and_max_elements(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nortdiff_baseline_dir = stored\nortdiff_baseline_max_elements = 10\n")
+    sub = pytester.mkpydir("pkg")
+    (sub / "test_m.py").write_text("import torch\ndef test_a(ortdiff):\n    ortdiff.check_baseline('big', torch.arange(11.0))\n    ortdiff.check_baseline('small', torch.arange(10.0))\n")
+    pytester.runpytest("--ortdiff-update-baselines").assert_outcomes(passed=1)
+    ini_dir = pytester.path / "stored" / "pkg" / "test_m"
+    assert load_baseline(ini_dir / "test_a[CPU-float32].big.npz").outputs["output"].stored == "summary"
+    assert load_baseline(ini_dir / "test_a[CPU-float32].small.npz").outputs["output"].stored == "full"
+    # the command line wins over the ini file
+    pytester.runpytest("--ortdiff-baseline-dir=cli_dir", "--ortdiff-update-baselines").assert_outcomes(passed=1)
+    assert (pytester.path / "cli_dir" / "pkg" / "test_m" / "test_a[CPU-float32].big.npz").exists()
+    pytester.makeini("[pytest]\nortdiff_baseline_max_elements = lots\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini ortdiff_baseline_max_elements: expected a positive number of elements such as 65536, got 'lots'"])
+
+
+def test_help_lists_the_baseline_options(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*--ortdiff-baseline-dir=DIR*", "*--ortdiff-update-baselines*"])
+    result.stdout.fnmatch_lines(["*ortdiff_baseline_dir (string)*", "*ortdiff_baseline_max_elements (string)*"])
+
+
+XDIST_TEST = """
+import pytest
+import torch
+
+@pytest.mark.parametrize("k", range(24))
+def test_many(ortdiff, k):
+    g = torch.Generator().manual_seed(k)
+    ortdiff.check_baseline("a", torch.randn(64, 64, generator=g))
+    ortdiff.check_baseline("b", {"x": torch.randn(300, 300, generator=g), "n": torch.arange(k + 1)})
+"""
+
+
+def test_two_xdist_workers_writing_baselines_lose_nothing(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_par=XDIST_TEST)
+    result = pytester.runpytest("-n", "2", "-p", "xdist", "--ortdiff-update-baselines")
+    result.assert_outcomes(passed=24)
+    result.stdout.fnmatch_lines(["wrote 48 baseline(s) (--ortdiff-update-baselines); review and commit them:"])
+    d = pytester.path / "test_par_ortdiff_baselines"
+    names = sorted(p.name for p in d.iterdir())
+    assert len(names) == 96 and not [n for n in names if n.endswith(".tmp")]
+    for k in range(24):
+        g = torch.Generator().manual_seed(k)
+        a = load_baseline(d / f"test_many[CPU-float32-{k}].a.npz")
+        assert torch.equal(a.outputs["output"].tensor, torch.randn(64, 64, generator=g))
+        b = load_baseline(d / f"test_many[CPU-float32-{k}].b.npz")
+        assert b.outputs["x"].stored == "summary" and b.outputs["x"].sha256 == hashlib.sha256(torch.randn(300, 300, generator=g).numpy().tobytes()).hexdigest()
+        assert torch.equal(b.outputs["n"].tensor, torch.arange(k + 1))
+    pytester.runpytest("-n", "2", "-p", "xdist").assert_outcomes(passed=24)
+
+
+def test_zip_crc_damage_inside_a_valid_archive_is_caught(tmp_path: Path) -> None:
+    path = write_baseline(tmp_path / "t.x.npz", {"Y": torch.arange(5000.0)}, env=FAKE_ENV)
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as z:
+        info = z.getinfo("full_0.npy")
+    # flip a byte in the middle of the compressed data of the array
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    raw[start + info.compress_size // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptBaselineError, match="corrupted"):
+        load_baseline(path)
