@@ -295,16 +295,29 @@ class OrtDiff:
         from .runtimes.evaluator import TorchEvaluator
         from .runtimes.ort import OrtRunner, UnsupportedByProviderError, load_model
 
-        model = load_model(build(dtype=self.dtype)) if callable(build) else load_model(build)
-        names = [o.name for o in model.graph.output]
+        # dims a builder takes as arguments (hidden, heads, ...) change the graph itself: one model,
+        # session and evaluator per distinct combination, built on first use and reused after
+        build_dims = tuple(getattr(build, "build_dims", ())) if callable(build) else ()
+        graphs: dict[tuple[tuple[str, int], ...], tuple[Any, list[str], Any, Any]] = {}
+
+        def graph_for(values: Mapping[str, int]) -> tuple[Any, list[str], Any, Any]:
+            key = tuple((k, int(values[k])) for k in build_dims if k in values)
+            if key not in graphs:
+                m = load_model(build(dtype=self.dtype, **dict(key))) if callable(build) else load_model(build)
+                graphs[key] = (
+                    m,
+                    [o.name for o in m.graph.output],
+                    OrtRunner(m, provider=self.provider),
+                    TorchEvaluator(m, device=self.device, kernels=kernels),
+                )
+            return graphs[key]
+
         if isinstance(dims, st.SearchStrategy):
             dims_st = dims
         else:
-            dims_st = strategies.dims(build if callable(build) else model, **dict(dims or {}))
+            dims_st = strategies.dims(build if callable(build) else load_model(build), **dict(dims or {}))
         regime_st = regime if isinstance(regime, st.SearchStrategy) else st.just(regime)
         tol = self._tolerance(tolerance)
-        runner = OrtRunner(model, provider=self.provider)
-        evaluator = TorchEvaluator(model, device=self.device, kernels=kernels)
         stats: dict[str, Any] = {"examples": 0, "max_abs": 0.0, "max_ulp": 0.0, "worst_dims": None}
         worst: list[DiffReport | None] = [None]
 
@@ -314,6 +327,7 @@ class OrtDiff:
                 self.values, self.regime, self.seed, self.report, self.violations = values, reg, seed, report, violations
 
         def one(values: dict[str, int], reg: str, seed: int) -> None:
+            model, names, runner, evaluator = graph_for(values)
             feeds = strategies.make_feeds(model, values, reg, seed, device=self.device)
             try:
                 got = runner.run(None, feeds)
@@ -331,8 +345,10 @@ class OrtDiff:
                 raise _Broken(values, reg, seed, report, violations)
 
         test = given(values=dims_st, reg=regime_st, seed=st.integers(0, 2**31 - 1))(one)
-        if max_examples is not None:
-            test = settings(max_examples=max_examples)(test)
+        # no deadline: an example that meets a new graph builds its session first (hundreds of ms);
+        # the rest (examples, database, derandomize) follows the active hypothesis profile
+        extra = {} if max_examples is None else {"max_examples": max_examples}
+        test = settings(deadline=None, **extra)(test)
         try:
             test()
         except _Broken as exc:
@@ -340,7 +356,7 @@ class OrtDiff:
             lines = [
                 f"ortdiff.fuzz: torch evaluator vs onnxruntime {self.provider} {self.dtype}: tolerance broken ({tol.describe()})",
                 f"  smallest failing case (shrunk by hypothesis): dims={exc.values} regime={exc.regime!r} seed={exc.seed}",
-                f"  reproduce: strategies.make_feeds(model, {exc.values}, {exc.regime!r}, {exc.seed})",
+                f"  reproduce: {self._reproduce_line(build, build_dims, exc.values, exc.regime, exc.seed)}",
             ]
             lines += [f"  - {v}" for v in exc.violations]
             lines.append(exc.report.render())
@@ -348,6 +364,13 @@ class OrtDiff:
         if worst[0] is not None:
             self._record(worst[0], tol, True, " [fuzz]")
         return stats
+
+    def _reproduce_line(self, build: Any, build_dims: Sequence[str], values: Mapping[str, int], regime: str, seed: int) -> str:
+        """The two statements that rebuild a fuzz example's model and feeds."""
+        args = "".join(f", {k}={values[k]}" for k in build_dims if k in values)
+        name = getattr(build, "__name__", "build") if callable(build) else None
+        model = f"model = models.{name}(dtype={self.dtype!r}{args}); " if name else ""
+        return f"{model}feeds = strategies.make_feeds(model, {dict(values)}, {regime!r}, {seed})"
 
     def _record(self, report: DiffReport, tol: Tolerance, passed: bool, suffix: str = "", describe: str | None = None) -> None:
         from .report import worst_budget_line

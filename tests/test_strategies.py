@@ -143,7 +143,36 @@ def test_fuzz_finds_and_shrinks_to_the_boundary() -> None:
     message = str(info.value)
     assert "smallest failing case (shrunk by hypothesis): dims={'a': 1, 'b': 1, 'c': 41}" in message
     assert "|diff| >" in message  # the histogram
-    assert "reproduce: strategies.make_feeds(model, {'a': 1, 'b': 1, 'c': 41}" in message
+    assert "reproduce: model = models.layer_norm_matmul_add(dtype='float32'); feeds = strategies.make_feeds(model, {'a': 1, 'b': 1, 'c': 41}" in message
+
+
+def _softmax_broken_past_8_keys(x: torch.Tensor) -> torch.Tensor:
+    y = torch.softmax(x, dim=-1)
+    return y * 1.01 if x.shape[-1] > 8 else y  # wrong only for more than 8 keys
+
+
+def test_fuzz_rebuilds_graphs_for_builder_dims_and_shrinks_them() -> None:
+    # hidden/heads/kv_heads/past are builder arguments (the graph changes), batch/seq feed dims: fuzz
+    # rebuilds the model per combination and shrinks past + seq to the smallest count of keys that fails
+    checker = OrtDiff("CPU", "float32")
+    with pytest.raises(OrtDiffFailure) as info:
+        checker.fuzz(
+            models.llama_attention,
+            dims={"hidden": (8, 32), "heads": (1, 2), "kv_heads": (1, 2), "past": (0, 8), "seq": (1, 12)},
+            kernels={("", "Softmax"): _softmax_broken_past_8_keys},
+            max_examples=150,
+        )
+    message = str(info.value)
+    line = next(x for x in message.splitlines() if "smallest failing case" in x)
+    values = eval(line.split("dims=")[1].split(" regime=")[0])
+    assert values["past"] + values["seq"] == 9, line  # the boundary: 9 keys
+    assert values["batch"] == 1 and values["heads"] == values["kv_heads"] == 1, line
+    assert "reproduce: model = models.llama_attention(dtype='float32', hidden=" in message
+    # the reproduce line really rebuilds the failing case
+    repro = next(x for x in message.splitlines() if "reproduce:" in x).split("reproduce: ")[1]
+    scope: dict = {"models": models, "strategies": strategies}
+    exec(repro, scope)
+    assert scope["feeds"]["hidden_states"].shape[-1] == values["hidden"]
 
 
 def test_fuzz_passing_returns_statistics() -> None:
