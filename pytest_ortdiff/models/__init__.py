@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from .feeds import random_feeds, set_feed_range
+from .hazards import FP16Hazard, fp16_hazards
 from .layer_norm import LayerNormMatMulAdd, layer_norm_matmul_add
 from .llama import LlamaAttention, LlamaDecoderLayer, llama_attention, llama_decoder_layer
 from .mlp import MLP, GeluMLP, OnnxTwin, builder_info, gelu_mlp, mlp, torch_twin
 
 __all__ = [
     "MLP",
+    "FP16Hazard",
     "GeluMLP",
     "LayerNormMatMulAdd",
     "LlamaAttention",
     "LlamaDecoderLayer",
     "OnnxTwin",
     "builder_info",
+    "fp16_hazards",
     "gelu_mlp",
     "layer_norm_matmul_add",
     "llama_attention",
