@@ -46,13 +46,29 @@ def render_report(report: Any, *, width: int = 30) -> str:
     return "\n".join(blocks)
 
 
+def _is_mismatch(expected: Any, got: Any) -> bool:
+    """A NaN/Inf pair that differs under DESIGN.md's semantics (NaN == NaN, +Inf == +Inf)."""
+    if not isinstance(expected, float) or not isinstance(got, float):
+        return False
+    if math.isnan(expected) or math.isnan(got):
+        return not (math.isnan(expected) and math.isnan(got))
+    return (math.isinf(expected) or math.isinf(got)) and expected != got
+
+
 def _render_leaf(r: Any, width: int) -> str:
     shape = "x".join(map(str, r.shape)) if r.shape else "scalar"
     title = f"output {r.name!r}" if r.name else "output"
     lines = [f"{title}  {r.dtype}[{shape}]  n={r.n:,}"]
-    lines.append(
-        f"  max abs   {_g(r.max_abs):<10} at {_idx(r.argmax)}: expected {_g(r.expected_at_max, 8)}, got {_g(r.got_at_max, 8)}"
-    )
+    if _is_mismatch(r.expected_at_max, r.got_at_max):
+        # no finite pair differs: point at the first NaN/Inf mismatch rather than at a "max abs 0"
+        lines.append(
+            f"  max abs   {_g(r.max_abs):<10} over finite pairs; first NaN/Inf mismatch at {_idx(r.argmax)}: "
+            f"expected {_g(r.expected_at_max, 8)}, got {_g(r.got_at_max, 8)}"
+        )
+    else:
+        lines.append(
+            f"  max abs   {_g(r.max_abs):<10} at {_idx(r.argmax)}: expected {_g(r.expected_at_max, 8)}, got {_g(r.got_at_max, 8)}"
+        )
     lines.append(f"  max rel   {_g(r.max_rel)}")
     lines.append(f"  max ulp   {_g(r.max_ulp)}")
     lines.append(f"  mean abs  {_g(r.mean_abs)}")

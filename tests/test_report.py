@@ -4,6 +4,8 @@ budget line."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -170,3 +172,15 @@ def test_worst_budget_line_without_budget(report: DiffReport) -> None:
     assert worst_budget_line(report, None) == "500 > 0.1 (25.00 %)"
     exact = compare(torch.ones(3), torch.ones(3))
     assert worst_budget_line(exact, None) == "exact"
+
+
+def test_all_mismatches_point_at_the_first_nan_inf_mismatch_not_at_a_max_abs() -> None:
+    # float16 log of an underflowed square: every element -inf where the truth is finite
+    e = torch.tensor([-28.1, -20.0, 1.0], dtype=torch.float16)
+    g = torch.tensor([-math.inf, -math.inf, math.nan], dtype=torch.float16)
+    text = compare(e, g).render()
+    assert "max abs   0          over finite pairs; first NaN/Inf mismatch at (0): expected -28.09375, got -inf" in text
+    assert "NaN mismatch 1   Inf mismatch 2" in text
+    # with a finite difference, the line is the usual one
+    text = compare(e, torch.tensor([-math.inf, -20.5, 1.0], dtype=torch.float16)).render()
+    assert "max abs   0.5        at (1): expected -20, got -20.5" in text
