@@ -15,7 +15,7 @@ import onnx.helper as oh
 import torch
 
 from .diff import DiffReport, compare
-from .dtypes import dtype_of
+from .dtypes import DType, dtype_of
 from .providers import KNOWN, parse_provider, torch_device
 from .runtimes.evaluator import TorchEvaluator
 from .runtimes.ort import OrtRunner, load_model
@@ -221,18 +221,49 @@ def ort_graph_notes(model: Any, provider: str = "CPU") -> list[str]:
     inserted = {n.output[0]: n for n in optimized.graph.node if n.op_type == "Cast" and "Inserted" in n.name}
     if not inserted:
         return []
+    # The element type every value has in the optimized graph: a node of the model whose (first
+    # floating) input changed type runs in that type, fed by an inserted Cast or by another such node.
+    types = _value_types(optimized)
+    before = _value_types(m)
     original = {n.name for n in m.graph.node if n.name}
     promoted = []
     for node in optimized.graph.node:
-        if node.name in original and any(x in inserted for x in node.input):
-            to = next(onnx.helper.get_attribute_value(a) for a in inserted[next(x for x in node.input if x in inserted)].attribute if a.name == "to")
-            promoted.append(f"{node.name} ({node.op_type}) in {dtype_of(to).short}")
+        if node.name not in original:
+            continue
+        orig = next((n for n in m.graph.node if n.name == node.name), None)
+        pairs = [
+            (types.get(x), before.get(y))
+            for x, y in zip(node.input, orig.input if orig is not None else [], strict=False)
+            if x and y
+        ]
+        changed = next((t for t, b in pairs if t is not None and b is not None and t != b and DType(b).is_floating_point), None)
+        if changed is not None:
+            promoted.append(f"{node.name} ({node.op_type}) in {dtype_of(changed).short}")
     if not promoted:
         return []
     return [
         f"onnxruntime {ep} inserted {len(inserted)} Cast node(s) and runs {', '.join(promoted)}: "
         "values between those nodes are not rounded to the model's dtype, which no single-node swap reproduces"
     ]
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Value name -> element type, from graph inputs, initializers, outputs and shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # an optimized graph with contrib ops: what is declared is still useful
+        inferred = model
+    g = inferred.graph
+    types = {i.name: i.data_type for i in g.initializer}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for n in g.node:
+        if n.op_type == "Cast":
+            to = next((a.i for a in n.attribute if a.name == "to"), None)
+            if to is not None:
+                types.setdefault(n.output[0], to)
+    return types
 
 
 def _to_declared(outs: list[torch.Tensor], dtypes: Sequence[torch.dtype | None]) -> list[torch.Tensor]:

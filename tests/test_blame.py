@@ -125,6 +125,19 @@ def test_cpu_float16_gap_is_explained_by_inserted_casts() -> None:
     assert "no single node explains" in table.render()
 
 
+def test_graph_notes_follow_a_float32_chain_past_the_inserted_casts() -> None:
+    # Exp -> ReduceSum -> Div: only Exp and Div read an inserted Cast; ReduceSum reads Exp's float32
+    # output, and runs in float32 too
+    from pytest_ortdiff.blame import ort_graph_notes
+
+    (note,) = ort_graph_notes(models.fp16_hazards("softmax"))
+    if "inserted" not in note:
+        pytest.skip("this onnxruntime build has float16 kernels for Exp/ReduceSum/Div on CPU")
+    for node in ("exp (Exp)", "sum_exp (ReduceSum)", "normalize (Div)"):
+        assert f"{node} in float32" in note, note
+    assert ort_graph_notes(models.layer_norm_matmul_add(dtype="float32")) == []
+
+
 def test_by_op_type_swaps_every_node_of_a_type() -> None:
     # two MatMuls: by_op_type swaps both at once and gives one MatMul row
     model = oh.make_model(
