@@ -281,9 +281,9 @@ def _fused_matmul_model() -> onnx.ModelProto:
     return make_model([node], [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4])], [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
 
 
-def _einsum_model() -> onnx.ModelProto:
-    node = oh.make_node("Einsum", ["x", "w"], ["y"], equation="ij,jk->ik", name="ein")
-    return make_model([node], [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4])], [vi("y", TP.FLOAT, [2, 4])])
+def _hardmax_model() -> onnx.ModelProto:
+    node = oh.make_node("Hardmax", ["x"], ["y"], axis=-1, name="hm")
+    return make_model([node], [vi("x", TP.FLOAT, [2, 3])], [vi("y", TP.FLOAT, [2, 3])])
 
 
 def test_missing_kernel_names_the_op_and_suggests_ort() -> None:
@@ -306,28 +306,27 @@ def test_missing_kernel_suggestion_works() -> None:
     assert_close(y, 2.0 * x.double().numpy() @ w.double().numpy(), atol=1e-6, rtol=1e-6)
 
 
-def test_missing_standard_op_einsum() -> None:
-    if "Einsum" in known_ops():
-        pytest.skip("Einsum has a torch kernel now: this test needs an op without one")
-    with pytest.raises(MissingKernelError, match=re.escape("no torch kernel for Einsum (opset 18); known ops: ")) as info:
-        TorchEvaluator(_einsum_model())
-    assert str(info.value).endswith("TorchEvaluator(model, kernels={('', 'Einsum'): 'ort'})")
-    x, w = torch.randn(2, 3, generator=torch.Generator().manual_seed(0)), torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
-    (y,) = TorchEvaluator(_einsum_model(), kernels={("", "Einsum"): "ort"}).run(None, {"x": x, "w": w})
-    assert_close(y, np.einsum("ij,jk->ik", x.double().numpy(), w.double().numpy()), atol=1e-6, rtol=1e-6)
+def test_missing_standard_op_hardmax() -> None:
+    assert "Hardmax" not in known_ops()  # pick another op without a kernel if Hardmax gets one
+    with pytest.raises(MissingKernelError, match=re.escape("no torch kernel for Hardmax (opset 18); known ops: ")) as info:
+        TorchEvaluator(_hardmax_model())
+    assert str(info.value).endswith("TorchEvaluator(model, kernels={('', 'Hardmax'): 'ort'})")
+    x = torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])
+    (y,) = TorchEvaluator(_hardmax_model(), kernels={("", "Hardmax"): "ort"}).run(None, {"x": x})
+    assert torch.equal(y, torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]))
 
 
 def test_missing_kernels_are_all_listed() -> None:
     nodes = [
-        oh.make_node("Einsum", ["x", "w"], ["t"], equation="ij,jk->ik", name="ein"),
+        oh.make_node("Hardmax", ["x"], ["h"], name="hm"),
+        oh.make_node("MatMul", ["h", "w"], ["t"], name="mm"),
         oh.make_node("FusedMatMul", ["t", "v"], ["y"], domain="com.microsoft", name="fmm"),
     ]
     model = make_model(nodes, [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4]), vi("v", TP.FLOAT, [4, 4])], [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
     with pytest.raises(MissingKernelError) as info:
         TorchEvaluator(model)
     assert "com.microsoft::FusedMatMul (opset 1)" in str(info.value)
-    if "Einsum" not in known_ops():
-        assert "Einsum (opset 18)" in str(info.value)
+    assert "Hardmax (opset 18)" in str(info.value)
 
 
 def test_kernel_failing_at_run_time_names_node_op_and_shapes(m16: onnx.ModelProto, f16: dict) -> None:

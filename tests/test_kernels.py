@@ -170,6 +170,9 @@ FLOAT_CASES = [
     case("Gemm-C-full-beta0", "Gemm", _u(3, 4), _u(4, 5), _u(3, 5), beta=0.0),
     case("Gemm-no-C-alpha", "Gemm", _u(3, 4), _u(4, 5), alpha=1.5),
     case("Gemm-opset9-C-required", "Gemm", _u(4, 3), _u(4, 5), _u(1, 5), opset=9, transA=1),
+    case(
+        "Einsum-batch-matmul", "Einsum", _u(2, 3, 4), _u(2, 4, 5), opset=12, equation="bij,bjk->bik"
+    ),
     case("LayerNorm-3-outputs", "LayerNormalization", _u(2, 3, 8), _u(8), _u(8), n_out=3),
     case(
         "LayerNorm-axis1-3d", "LayerNormalization", _u(2, 3, 8), _u(3, 8), _u(3, 8), n_out=3, axis=1
@@ -331,6 +334,7 @@ INT_CASES = [
     case("MatMul-1d", "MatMul", _ints(4), _ints(4)),
     case("Gemm-int-scalars", "Gemm", _ints(3, 4), _ints(4, 2), _ints(2), alpha=2.0, beta=3.0),
     case("Gemm-fractional-alpha", "Gemm", _ints(3, 4), _ints(4, 2), _ints(3, 2), alpha=0.5),
+    case("Einsum-implicit", "Einsum", _ints(3, 4), _ints(4, 2), opset=12, equation="ij,jk"),
     case("ReduceSum-13", "ReduceSum", _ints(2, 3, 4), _i64(1), opset=13),
     case("ReduceSum-all", "ReduceSum", _ints(2, 3, 4), opset=13, keepdims=0),
     # Integer mean truncates toward zero too (numpy's mean with an int dtype; onnxruntime's int division).

@@ -22,7 +22,8 @@ def to_torch(value: Any, device: str | torch.device | None = None) -> torch.Tens
     elif isinstance(value, np.ndarray | np.generic):
         arr = np.asarray(value)
         if arr.dtype.name == "bfloat16":  # ml_dtypes
-            t = torch.from_numpy(np.ascontiguousarray(arr).view(np.uint16)).view(torch.bfloat16)
+            # ascontiguousarray makes 0-d arrays 1-d: give the scalar its shape back
+            t = torch.from_numpy(np.ascontiguousarray(arr).view(np.uint16).reshape(arr.shape)).view(torch.bfloat16)
         elif not arr.flags.writeable or not arr.flags.c_contiguous:
             t = torch.from_numpy(np.array(arr, copy=True, order="C"))
         else:
@@ -59,6 +60,6 @@ def to_numpy(t: Any) -> np.ndarray:
 def from_onnx_tensor(proto: onnx.TensorProto) -> torch.Tensor:
     arr = onnx.numpy_helper.to_array(proto)
     if proto.data_type == onnx.TensorProto.BFLOAT16:
-        arr = np.ascontiguousarray(arr)
-        return torch.from_numpy(arr.view(np.uint16).copy()).view(torch.bfloat16)
+        bits = np.ascontiguousarray(arr).view(np.uint16).reshape(arr.shape)  # 0-d stays 0-d
+        return torch.from_numpy(bits.copy()).view(torch.bfloat16)
     return to_torch(np.array(arr, copy=True))

@@ -6,6 +6,7 @@ from . import (  # noqa: F401  (registration)
     activation,
     aggregate,
     arithmetic,
+    attention,
     elementwise,
     generators,
     indexing,

@@ -1,6 +1,6 @@
-"""Matrix-product torch kernels: MatMul (numpy matmul semantics) and Gemm (alpha * A' B' + beta * C).
+"""Matrix-product torch kernels: MatMul (numpy matmul semantics), Gemm (alpha * A' B' + beta * C), Einsum.
 
-They call torch.matmul / torch.mm / torch.addmm, the kernels a torch user would run.
+They call torch.matmul / torch.mm / torch.addmm / torch.einsum, the kernels a torch user would run.
 """
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ import torch
 
 from .base import Kernel, KernelContext, kernel
 
-__all__ = ["Gemm", "MatMul"]
+__all__ = ["Einsum", "Gemm", "MatMul"]
+
+# float16/bfloat16 operands contract in float32, rounded once at the end (onnx.reference does so for
+# bfloat16, numpy's float16 dot accumulates in float32); integers contract in int64, whose wrap-around
+# agrees with every narrower integer type's once cast back.
+_EINSUM_WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 @kernel("MatMul", since=1)
@@ -61,3 +66,33 @@ class Gemm(Kernel):
         if c is not None and self.beta != 0.0:
             y = y + c.double() * self.beta
         return y.to(a.dtype)
+
+
+@kernel("Einsum", since=12)
+class Einsum(Kernel):
+    """torch.einsum on the equation made explicit; opset 28 only adds bfloat16, which this kernel covers."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        equation = str(self.attr("equation", "")).replace(" ", "")
+        if not equation:
+            raise ValueError("Einsum needs a non-empty equation")
+        lhs, arrow, rhs = equation.partition("->")
+        if not arrow:
+            # Implicit mode: the labels seen exactly once, in ASCII order (upper case first), after the ellipsis.
+            labels = lhs.replace("...", "").replace(",", "")
+            once = sorted(c for c in set(labels) if labels.count(c) == 1)
+            rhs = ("..." if "..." in lhs else "") + "".join(once)
+        self.terms = lhs.split(",")
+        self.equation = f"{lhs}->{rhs}"
+
+    def run(self, *operands: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if len(operands) != len(self.terms):
+            raise ValueError(
+                f"Einsum equation {self.equation!r} has {len(self.terms)} operand terms, got {len(operands)} inputs"
+            )
+        dtype = operands[0].dtype
+        wide = _EINSUM_WIDER.get(dtype, dtype if dtype.is_floating_point else torch.int64)
+        if wide == dtype:
+            return (torch.einsum(self.equation, *operands),)
+        return (torch.einsum(self.equation, *(x.to(wide) for x in operands)).to(dtype),)
