@@ -1,5 +1,5 @@
 """`python -m pytest_ortdiff ...`: merge CI jobs' JSON reports into one table, compare a model file's
-torch-evaluator and onnxruntime outputs, run the seed-000 demo."""
+torch-evaluator and onnxruntime outputs, run ONNX's node test suite through the evaluator, run the demo."""
 
 from __future__ import annotations
 
@@ -87,6 +87,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from . import conformance  # light: numpy only, until a command runs it
+
     parser = argparse.ArgumentParser(prog="python -m pytest_ortdiff", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("merge", help="merge --ortdiff-json files of CI jobs into one table")
@@ -102,6 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dim", action="append", help="a symbolic dim, NAME=VALUE (repeat)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_compare)
+    p = sub.add_parser(
+        "conformance",
+        help="run ONNX's node test suite through the torch evaluator: a table of pass/wrong/unsupported/no kernel/error per op",
+        description=conformance.DESCRIPTION,
+    )
+    conformance.add_arguments(p)
+    p.set_defaults(func=conformance.run_from_args)
     p = sub.add_parser("demo", help="run the seeds/000 example suite on every available provider")
     p.add_argument("pytest_args", nargs="*")
     p.set_defaults(func=_demo)

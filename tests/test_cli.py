@@ -1,5 +1,6 @@
 """`python -m pytest_ortdiff`: merge (CI jobs' --ortdiff-json files into one table: text, markdown,
---strict, --output, bad files) and compare (a saved model file, torch evaluator vs onnxruntime)."""
+--strict, --output, bad files), compare (a saved model file, torch evaluator vs onnxruntime) and
+conformance (ONNX's node test suite through the evaluator: the table, exit status, unknown ops)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-from pytest_ortdiff import models
+from pytest_ortdiff import conformance, models
 from pytest_ortdiff.cli import main
+from pytest_ortdiff.conformance import CaseResult
 from pytest_ortdiff.providers import unavailable_reason
 
 SEED_TEST = """
@@ -219,3 +221,59 @@ def test_compare_bad_input_is_a_clear_error(
     assert rc == 2
     assert err.startswith("error: ")
     assert message in err
+
+
+# -- conformance -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def suite(pytestconfig: pytest.Config) -> None:
+    """ONNX's node cases, loaded once per process, from pytest's cache when tests/test_conformance.py put them there."""
+    cache = getattr(pytestconfig, "cache", None)
+    conformance.load_cases(cache.mkdir("ortdiff-conformance") if cache is not None else None)
+
+
+@pytest.mark.usefixtures("suite")
+def test_conformance_table_for_one_op(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["conformance", "--op", "Relu"])
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert lines[0].split() == ["op", "cases", "pass", "wrong", "unsupported", "no", "kernel", "error"]
+    assert lines[2].split() == ["Relu", "2", "2", "0", "0", "0", "0"]  # test_relu, test_relu_expanded_ver18
+    assert lines[4].split() == ["total", "2", "2", "0", "0", "0", "0"]
+    assert "2 of 2 cases pass, 0 wrong, 0 unsupported, 0 without a kernel, 0 errors; 1 op with a kernel, 0 without" in lines
+    assert lines[-1].endswith(" s, case generation included)")
+
+
+@pytest.mark.usefixtures("suite")
+def test_conformance_unknown_op_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["conformance", "--op", "Relux"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "error: no case matches --op Relux; Relux is not an op of the suite (did you mean Relu, PRelu, Selu?)\n"
+
+
+def test_conformance_exits_1_on_a_wrong_case_unless_known(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    results = [
+        CaseResult("test_made_up_relu", "Relu", "pass", ops=("Relu",)),
+        CaseResult("test_made_up_softmax", "Softmax", "wrong", "output 'y': 1 of 4 values off", ("Softmax",)),
+    ]
+    monkeypatch.setattr(conformance, "run_cases", lambda **_: results)
+    assert main(["conformance", "-v"]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 2 cases pass, 1 wrong, 0 unsupported, 0 without a kernel, 0 errors; 2 ops with a kernel, 0 without" in out
+    assert out.split("\n\nwrong:\n")[1].startswith("  test_made_up_softmax [Softmax]: output 'y': 1 of 4 values off\n")
+    monkeypatch.setitem(conformance.KNOWN_UNSUPPORTED, "test_made_up_softmax", "made up")
+    assert main(["conformance"]) == 0
+    assert "1 wrong (1 known)" in capsys.readouterr().out
+    results.append(CaseResult("test_made_up_clip", "Clip", "error", "run: RuntimeError: boom", ("Clip",)))
+    assert main(["conformance"]) == 1
+
+
+def test_conformance_help_lists_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["conformance", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m pytest_ortdiff conformance [-h] [--op OP] [-k PATTERN] [-v]\n")
+    assert "Exit status 1 when a case is wrong" in " ".join(out.split())

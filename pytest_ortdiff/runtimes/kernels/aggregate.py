@@ -252,10 +252,8 @@ def _topk(x: torch.Tensor, k: int, axis: int, largest: bool) -> tuple[torch.Tens
     # A stable sort breaks ties by the lower index, as the spec asks; torch.topk promises no order.
     key = _orderable(x)
     values, indices = torch.sort(key, dim=axis, descending=largest, stable=True)
-    indices = indices.narrow(axis, 0, k)
-    if key is not x:
-        return torch.gather(x, axis, indices), indices
-    return values.narrow(axis, 0, k), indices
+    # for unsigned types the sorted keys are x's values widened to int64 (torch cannot gather uint64)
+    return values.narrow(axis, 0, k).to(x.dtype), indices.narrow(axis, 0, k)
 
 
 @kernel("TopK", since=1)

@@ -173,6 +173,8 @@ class Clip11(Kernel):
     def run(
         self, x: torch.Tensor, lo: torch.Tensor | None = None, hi: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, ...]:
+        if lo is None and hi is None:  # no bounds: the identity (torch.clamp refuses)
+            return (x,)
         try:
             return (torch.clamp(x, lo, hi),)
         except RuntimeError as exc:
