@@ -139,9 +139,19 @@ def test_graph_optimization_level_spellings(m32: onnx.ModelProto, level: object,
 
 
 def test_unknown_session_option_lists_examples(m32: onnx.ModelProto) -> None:
-    expected = "unknown session option 'intra_threads'; e.g. intra_op_num_threads, graph_optimization_level, use_deterministic_compute"
+    expected = "unknown session option 'intra_threads'; e.g. intra_op_num_threads, graph_optimization_level, use_deterministic_compute, or a config entry"
     with pytest.raises(ValueError, match=re.escape(expected)):
         OrtRunner(m32, session_options={"intra_threads": 1}).session  # noqa: B018
+
+
+def test_worker_threads_do_not_spin_unless_asked(m32: onnx.ModelProto) -> None:
+    # spinning onnxruntime threads slow down the torch kernel that runs next: off by default
+    default = OrtRunner(m32).session.get_session_options()
+    assert default.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert default.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+    asked = OrtRunner(m32, session_options={"session.intra_op.allow_spinning": 1, "intra_op_num_threads": 1}).session.get_session_options()
+    assert asked.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert asked.intra_op_num_threads == 1
 
 
 def test_unknown_optimization_level_lists_valid(m32: onnx.ModelProto) -> None:

@@ -7,7 +7,8 @@ predicate; `compute_dtype=torch.float64` turns it into the float64 oracle.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 import onnx
 import torch
@@ -58,6 +59,49 @@ class _Float64Kernel(Kernel):
         )
 
 
+# How a step fetches its inputs: the common one- and two-input nodes index the values directly (no
+# argument list built per node); nodes with more inputs go through an itemgetter, and the rare ones
+# with an omitted optional input (or none at all) through the general path.
+_GENERAL, _UNARY, _BINARY, _MANY = 0, 1, 2, 3
+_NO_TORCH_DTYPE: Any = object()  # a declared input type DType does not know
+
+
+class _Step(NamedTuple):
+    """One node of a run's plan, with everything the hot loop needs resolved once."""
+
+    run: Callable[..., Any]  # the kernel's bound run
+    arity: int  # _UNARY, _BINARY, _MANY or _GENERAL
+    a: str | None  # first input (_UNARY, _BINARY)
+    b: str | None  # second input (_BINARY)
+    get: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None  # all inputs (_MANY)
+    out: str | None  # the output when the node has exactly one
+    outputs: tuple[str, ...]
+    free1: str | None  # the one value whose last use is this node
+    free: tuple[str, ...]  # the values whose last use is this node, when there are several
+    kernel: Kernel
+    inputs: tuple[str, ...]
+
+
+def _step(k: Kernel, ins: tuple[str, ...], outs: tuple[str, ...], free: tuple[str, ...]) -> _Step:
+    if ins and all(ins):
+        arity = _UNARY if len(ins) == 1 else _BINARY if len(ins) == 2 else _MANY
+    else:
+        arity = _GENERAL
+    return _Step(
+        run=k.run,
+        arity=arity,
+        a=ins[0] if arity in (_UNARY, _BINARY) else None,
+        b=ins[1] if arity == _BINARY else None,
+        get=itemgetter(*ins) if arity == _MANY else None,
+        out=outs[0] if len(outs) == 1 else None,
+        outputs=outs,
+        free1=free[0] if len(free) == 1 else None,
+        free=free if len(free) > 1 else (),
+        kernel=k,
+        inputs=ins,
+    )
+
+
 class TorchEvaluator:
     """Runs `model` with torch kernels.
 
@@ -103,7 +147,11 @@ class TorchEvaluator:
             if vi.name in init_names:
                 continue
             self.input_types[vi.name] = vi.type.tensor_type
+        # per input, resolved once: (declared, torch dtype or None, fixed dims by axis or None when the
+        # rank is unknown); run() checks feeds against these and describes `declared` only on failure
+        self._feed_specs = {name: _feed_spec(t) for name, t in self.input_types.items()}
         self.output_names = [o.name for o in graph.output]
+        self._output_tuple = tuple(self.output_names)
         self._value_types = self._infer_types()
         #: declared dtype of every graph output (what a non-oracle run produces)
         self.output_dtypes = {n: self._declared_torch_dtype(n) for n in self.output_names}
@@ -128,7 +176,7 @@ class TorchEvaluator:
                 f"no torch kernel for {', '.join(ops)}; known ops: {', '.join(_kernels.known_ops())}; "
                 f"run it with onnxruntime instead: TorchEvaluator(model, kernels={{({dom!r}, {op!r}): 'ort'}})"
             )
-        self._plans: dict[tuple[Any, ...], list[tuple[Kernel, tuple[str, ...], tuple[str, ...], tuple[str, ...]]]] = {}
+        self._plans: dict[tuple[tuple[str, ...], bool], tuple[_Step, ...]] = {}
 
     # -- construction ------------------------------------------------------------------------
     def _infer_types(self) -> dict[str, onnx.TypeProto.Tensor]:
@@ -205,7 +253,7 @@ class TorchEvaluator:
         return cls(node, ctx)
 
     # -- running -----------------------------------------------------------------------------
-    def _plan(self, outputs: tuple[str, ...], keep_all: bool) -> list[tuple[Kernel, tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    def _plan(self, outputs: tuple[str, ...], keep_all: bool) -> tuple[_Step, ...]:
         key = (outputs, keep_all)
         plan = self._plans.get(key)
         if plan is not None:
@@ -230,67 +278,102 @@ class TorchEvaluator:
                 if x:
                     last_use[x] = i
         keep = set(outputs)
-        plan = []
+        steps = []
         for i in order:
             node = self.nodes[i]
             free: tuple[str, ...] = ()
             if not keep_all:
                 free = tuple(sorted({x for x in node.input if x and last_use.get(x) == i and x not in keep}))
-            plan.append((self._kernels[i], tuple(node.input), tuple(node.output), free))
-        self._plans[key] = plan
+            steps.append(_step(self._kernels[i], tuple(node.input), tuple(node.output), free))
+        self._plans[key] = plan = tuple(steps)
         return plan
 
     def _prepare_feeds(self, feeds: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        missing = [n for n in self.input_types if n not in feeds]
-        extra = [n for n in feeds if n not in self.input_types]
-        if missing or extra:
+        specs = self._feed_specs
+        if len(feeds) != len(specs) or any(n not in specs for n in feeds):
+            missing = [n for n in specs if n not in feeds]
+            extra = [n for n in feeds if n not in specs]
             raise ValueError(
                 f"feeds do not match the model's inputs: missing {missing}, unknown {extra}; inputs are "
                 + ", ".join(f"{n}: {_describe(t)}" for n, t in self.input_types.items())
             )
+        device, compute_dtype = self.device, self.compute_dtype
         out = {}
         for name, value in feeds.items():
-            t = to_torch(value, self.device)
-            declared = self.input_types[name]
-            if declared.elem_type:
-                want = DType(declared.elem_type).torch
-                if t.dtype != want:
-                    raise TypeError(f"feed {name!r} has dtype {str(t.dtype).replace('torch.', '')}, the model declares {_describe(declared)}; cast it (e.g. .to(torch.{str(want).replace('torch.', '')}))")
-            if declared.HasField("shape"):
-                dims = declared.shape.dim
-                if len(dims) != t.dim():
-                    raise ValueError(f"feed {name!r} has shape {tuple(t.shape)} (rank {t.dim()}), the model declares {_describe(declared)}")
-                for axis, (d, s) in enumerate(zip(dims, t.shape, strict=True)):
-                    if d.HasField("dim_value") and d.dim_value != s:
-                        raise ValueError(f"feed {name!r} has shape {tuple(t.shape)}, the model declares {_describe(declared)} (axis {axis} must be {d.dim_value})")
-            if self.compute_dtype is not None and t.is_floating_point():
-                t = t.to(self.compute_dtype)
+            t = value if isinstance(value, torch.Tensor) and value.device == device else to_torch(value, device)
+            declared, want, dims = specs[name]
+            if want is not None and t.dtype != want:
+                if want is _NO_TORCH_DTYPE:
+                    DType(declared.elem_type)  # raises: "N is not a valid DType"
+                raise TypeError(f"feed {name!r} has dtype {str(t.dtype).replace('torch.', '')}, the model declares {_describe(declared)}; cast it (e.g. .to(torch.{str(want).replace('torch.', '')}))")
+            if dims is not None:
+                shape = t.shape
+                if len(dims) != len(shape):
+                    raise ValueError(f"feed {name!r} has shape {tuple(shape)} (rank {t.dim()}), the model declares {_describe(declared)}")
+                for axis, (d, s) in enumerate(zip(dims, shape, strict=True)):
+                    if d is not None and d != s:
+                        raise ValueError(f"feed {name!r} has shape {tuple(shape)}, the model declares {_describe(declared)} (axis {axis} must be {d})")
+            if compute_dtype is not None and t.is_floating_point():
+                t = t.to(compute_dtype)
             out[name] = t
         return out
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], intermediates: bool = False) -> Any:
         """Outputs as a list of tensors (in `output_names` order; None = the graph's outputs), or with
         `intermediates=True` a dict of every value computed (feeds included)."""
-        outputs = tuple(output_names) if output_names else tuple(self.output_names)
-        plan = self._plan(outputs, intermediates)
+        outputs = tuple(output_names) if output_names else self._output_tuple
+        plan = self._plans.get((outputs, intermediates)) or self._plan(outputs, intermediates)
         values: dict[str, Any] = dict(self._initializers)
         values.update(self._prepare_feeds(feeds))
-        step = 0
+        # The hot loop: everything per node was resolved into its _Step by _plan. No per-node
+        # bookkeeping for errors either: `step` is still the failing node when the except runs.
+        step: _Step | None = None
         try:
-            for step, (k, ins, outs, free) in enumerate(plan):  # noqa: B007  (step names the failing node)
-                res = k.run(*[values[x] if x else None for x in ins])
-                values.update(zip(outs, res, strict=False))
-                for x in free:
-                    del values[x]
+            for step in plan:
+                run, arity, a, b, get, out, outs, free1, free, _, _ = step
+                if arity == _BINARY:
+                    res = run(values[a], values[b])
+                elif arity == _UNARY:
+                    res = run(values[a])
+                elif arity == _MANY:
+                    res = run(*get(values))  # type: ignore[misc]
+                else:
+                    res = run(*[values[x] if x else None for x in step.inputs])
+                if out is not None:
+                    values[out] = res[0]
+                else:
+                    values.update(zip(outs, res, strict=False))
+                if free1 is not None:
+                    del values[free1]
+                elif free:
+                    for x in free:
+                        del values[x]
         except Exception as exc:
-            k, ins, _, _ = plan[step]
+            if step is None:  # an empty plan runs nothing that can fail; for the type checker
+                raise
+            k, ins = step.kernel, step.inputs
             node = k.node
             described = ", ".join(_describe_value(x, values.get(x)) for x in ins)
-            raise RuntimeError(f"torch kernel {type(k).__name__} failed on node {node.name or '?'!r} ({node.op_type}) with inputs {described}: {exc}") from exc
+            why = str(exc)
+            if isinstance(exc, IndexError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None:
+                why = f"it returned no outputs, the node has {len(step.outputs)}"  # res[0] above, not the kernel
+            raise RuntimeError(f"torch kernel {type(k).__name__} failed on node {node.name or '?'!r} ({node.op_type}) with inputs {described}: {why}") from exc
         values.pop("", None)  # omitted optional outputs
         if intermediates:
             return values
         return [values[o] for o in outputs]
+
+
+def _feed_spec(declared: onnx.TypeProto.Tensor) -> tuple[onnx.TypeProto.Tensor, torch.dtype | None, tuple[int | None, ...] | None]:
+    """What a feed must match: the declared dtype (None: any) and dims (None: any rank; a None dim: any size)."""
+    try:
+        want = DType(declared.elem_type).torch if declared.elem_type else None
+    except ValueError:  # no torch dtype: a feed of it is refused when it comes, as before the specs
+        want = _NO_TORCH_DTYPE
+    dims = None
+    if declared.HasField("shape"):
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in declared.shape.dim)
+    return declared, want, dims
 
 
 def _describe(t: onnx.TypeProto.Tensor) -> str:

@@ -76,15 +76,27 @@ def _options_key(options: Any) -> Any:
 def _make_options(options: Any) -> Any:
     import onnxruntime
 
-    if options is None or isinstance(options, onnxruntime.SessionOptions):
-        return options
+    if isinstance(options, onnxruntime.SessionOptions):
+        return options  # the user's own object, as given
     so = onnxruntime.SessionOptions()
-    for key, value in options.items():
+    # onnxruntime's worker threads spin after a run by default: a torch kernel that runs right after
+    # competes with them (a seed-000 MatMul took 100 ms instead of 68 ms on 2 cores). Tests alternate
+    # runtimes, so the threads sleep unless the caller asks otherwise.
+    config = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+    for key, value in (options or {}).items():
+        if "." in key:  # a session config entry, e.g. "session.intra_op.allow_spinning": "1"
+            config[key] = str(value)
+            continue
         if key == "graph_optimization_level" and isinstance(value, str | int):
             value = _opt_level(value)
         if not hasattr(so, key):
-            raise ValueError(f"unknown session option {key!r}; e.g. intra_op_num_threads, graph_optimization_level, use_deterministic_compute")
+            raise ValueError(
+                f"unknown session option {key!r}; e.g. intra_op_num_threads, graph_optimization_level, "
+                "use_deterministic_compute, or a config entry such as 'session.intra_op.allow_spinning'"
+            )
         setattr(so, key, value)
+    for key, value in config.items():
+        so.add_session_config_entry(key, value)
     return so
 
 
