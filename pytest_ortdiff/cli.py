@@ -46,22 +46,56 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    import pytest
+
     from .fixtures import OrtDiff, OrtDiffFailure
     from .models import random_feeds
+    from .providers import parse_provider, unavailable_reason
     from .runtimes.ort import load_model
+    from .strategies import symbolic_dims
 
-    model = load_model(args.model)
+    try:
+        model = load_model(args.model)
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot load {args.model!r}: {exc}", file=sys.stderr)
+        return 2
     dims = {}
     for item in args.dim or ():
-        name, _, value = item.partition("=")
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.strip().isdigit():
+            print(f"error: --dim {item!r}: expected NAME=VALUE with a positive integer, e.g. --dim batch=2", file=sys.stderr)
+            return 2
         dims[name] = int(value)
-    checker = OrtDiff(args.provider, _model_dtype(model))
+    missing = [d for d in symbolic_dims(model) if d not in dims]
+    if missing:
+        print(
+            f"error: the model's inputs have symbolic dims {missing}: give each a value, e.g. "
+            + " ".join(f"--dim {d}=2" for d in missing),
+            file=sys.stderr,
+        )
+        return 2
+    dtype = _model_dtype(model)
+    try:
+        provider = parse_provider(args.provider)
+    except ValueError as exc:
+        print(f"error: --provider: {exc}", file=sys.stderr)
+        return 2
+    why = unavailable_reason(provider)
+    if why:
+        print(f"error: --provider {args.provider}: {why}", file=sys.stderr)
+        return 2
+    checker = OrtDiff(provider, dtype)
     feeds = random_feeds(model, dims, seed=args.seed, device=checker.device)
+    print(f"{args.model}: torch evaluator vs onnxruntime {checker.provider} {dtype}, dims {dims}, seed {args.seed}")
     try:
         report = checker.check(model, feeds)
     except OrtDiffFailure as exc:
         print(exc)
         return 1
+    except pytest.skip.Exception as exc:  # a (provider, dtype, op) onnxruntime does not implement
+        print(f"error: {exc.msg}", file=sys.stderr)
+        return 2
+    print(f"passed ({checker.tolerance.describe()})")
     print(report.render())
     return 0
 
