@@ -184,6 +184,11 @@ def dtype_of(value: Any) -> DType:
             return DType(value)
         except ValueError:
             raise ValueError(f"onnx element type {value} is not supported; supported: {sorted(d.value for d in DType)}") from None
+    if isinstance(value, type) and value.__module__ == "numpy":
+        import numpy as np  # only here: the plugin imports this module and stays light
+
+        if issubclass(value, np.generic):
+            value = np.dtype(value)  # np.float16, as numpy itself accepts it for a dtype
     dt = getattr(value, "dtype", value)
     text = str(dt)
     if text.startswith("torch."):

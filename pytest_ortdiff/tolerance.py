@@ -146,8 +146,9 @@ class Tolerance:
                 if t not in r.counts:
                     raise ValueError(f"budget threshold {t:g} is not in the report's histogram; pass thresholds including it to compare()")
                 c = r.counts[t]
-                allowed = float(frac) * n
-                if c > allowed:
+                # c / n > frac, not c > frac * n: the product can round below c (1/49 * 49 < 1), and a
+                # budget equal to the actual share must pass
+                if c / n > float(frac) if n else c > 0:
                     out.append(
                         Violation(
                             "budget",

@@ -202,11 +202,6 @@ def test_compute_dtype_float16_is_rejected(m16: onnx.ModelProto) -> None:
         TorchEvaluator(m16, compute_dtype=torch.float16)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: compute_dtype strings go through getattr(torch, name): 'fp64' (accepted everywhere else via parse_dtype) "
-    "and unknown names raise AttributeError(\"module 'torch' has no attribute ...\") instead of a ValueError listing the valid values",
-)
 @pytest.mark.parametrize("name", ["fp64", "bogus"])
 def test_compute_dtype_string_uses_the_project_dtype_names(m16: onnx.ModelProto, f16: dict, name: str) -> None:
     if name == "fp64":

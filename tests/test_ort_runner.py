@@ -175,11 +175,6 @@ def test_unknown_and_missing_feeds_together(m32: onnx.ModelProto, f32: dict) -> 
         OrtRunner(m32).run(None, feeds)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: OrtRunner passes a feed of the wrong dtype to onnxruntime unchecked; its message "
-    "('Unexpected input data type. Actual: (tensor(float16)) , expected: (tensor(float))') names neither the input nor a fix",
-)
 def test_feed_with_wrong_dtype_is_named(m32: onnx.ModelProto, f32: dict) -> None:
     with pytest.raises((TypeError, ValueError), match=r"'X'.*float16.*float32"):
         OrtRunner(m32).run(None, {**f32, "X": f32["X"].half()})
@@ -299,11 +294,6 @@ def test_load_model_missing_path(tmp_path: Path) -> None:
         load_model(missing)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: OrtRunner reads a path through model_bytes(), which calls Path.read_bytes() directly: the user gets "
-    "'[Errno 2] No such file or directory' instead of load_model's \"model file '...' does not exist\"",
-)
 def test_runner_on_missing_path_has_the_same_message(tmp_path: Path) -> None:
     missing = tmp_path / "nope.onnx"
     with pytest.raises(FileNotFoundError, match=re.escape(f"model file {str(missing)!r} does not exist")):

@@ -36,11 +36,6 @@ def test_for_dtype_accepts_any_spelling(spelling: object) -> None:
     assert Tolerance().for_dtype(spelling).allclose == (1e-2, 1e-2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: dtypes.dtype_of(np.float16) (a numpy scalar type, which numpy itself accepts as a dtype) reads the class "
-    "attribute `dtype` and fails with 'cannot tell the element type of type with dtype \"<attribute 'dtype' of 'numpy.generic' objects>\"'",
-)
 def test_for_dtype_accepts_numpy_scalar_types() -> None:
     assert Tolerance().for_dtype(np.float16).allclose == (1e-2, 1e-2)
 
@@ -157,11 +152,6 @@ def test_budget_threshold_missing_from_the_histogram() -> None:
         Tolerance(budget={0.02: 0.5}).check(report)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: tolerance.py compares c > frac * n; for frac == c/n the product can round below c (1/49*49 == 0.9999999999999999), "
-    "so a budget equal to the actual share fails with '1 of 49 elements (2.04 %) exceed 0.1; budget allows 2.04 %'",
-)
 def test_budget_equal_to_the_actual_share_passes() -> None:
     failing = []
     for n in range(1, 61):

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import onnx
 import torch
 
-from ..dtypes import DType
+from ..dtypes import DType, dtype_of
 from . import kernels as _kernels  # registers every kernel family
 from .kernels.base import Kernel, KernelContext, lookup
 from .ort import load_model
@@ -132,7 +132,10 @@ class TorchEvaluator:
                 raise ValueError(f"the model fails onnx.checker: {str(exc).strip().splitlines()[0]}; fix the graph (or pass check_model=False to try anyway)") from None
         self.device = torch.device(device)
         if isinstance(compute_dtype, str):
-            compute_dtype = DType[compute_dtype.upper()].torch if compute_dtype.upper() in DType.__members__ else getattr(torch, compute_dtype)
+            try:
+                compute_dtype = dtype_of(compute_dtype).torch  # the project's spellings: float64, fp64, double
+            except ValueError:
+                raise ValueError(f"compute_dtype {compute_dtype!r} is not a dtype name; use 'float64' (the oracle), 'float32' or None") from None
         if compute_dtype not in (None, torch.float64, torch.float32):
             raise ValueError(f"compute_dtype must be torch.float64 (the oracle), torch.float32 or None; got {compute_dtype}")
         self.compute_dtype = compute_dtype

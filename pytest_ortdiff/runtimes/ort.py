@@ -16,6 +16,7 @@ from typing import Any
 import onnx
 import torch
 
+from ..dtypes import dtype_of, parse_dtype
 from ..providers import KNOWN, parse_provider, unavailable_reason
 from .tensors import to_numpy, to_torch
 
@@ -53,6 +54,8 @@ def model_bytes(model: Any) -> bytes:
     if isinstance(model, bytes | bytearray):
         return bytes(model)
     if isinstance(model, str | Path):
+        if not Path(model).exists():
+            raise FileNotFoundError(f"model file {str(model)!r} does not exist")
         return Path(model).read_bytes()
     return load_model(model).SerializeToString()
 
@@ -130,6 +133,7 @@ class OrtRunner:
         self.session_options = session_options
         self.provider_options = dict(provider_options or {})
         self._session: Any = None
+        self._input_dtypes: dict[str, torch.dtype | None] | None = None
         self.device = torch.device("cuda", int(self.provider_options.get("device_id", 0))) if self.provider in ("CUDA", "TensorRT") else torch.device("cpu")
 
     @property
@@ -182,10 +186,33 @@ class OrtRunner:
     def output_names(self) -> list[str]:
         return [o.name for o in self.session.get_outputs()]
 
+    @property
+    def input_dtypes(self) -> dict[str, torch.dtype | None]:
+        """Input name -> the torch dtype the model declares (None for a type torch lacks)."""
+        if self._input_dtypes is None:
+            out: dict[str, torch.dtype | None] = {}
+            for i in self.session.get_inputs():
+                inner = i.type[len("tensor(") : -1] if i.type.startswith("tensor(") else i.type
+                try:
+                    out[i.name] = parse_dtype(inner).torch
+                except (ValueError, KeyError):
+                    out[i.name] = None
+            self._input_dtypes = out
+        return self._input_dtypes
+
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         sess = self.session
         names = list(output_names) if output_names else self.output_names
         _check_feed_names(self.input_names, feeds)
+        expected = self.input_dtypes
+        for name, value in feeds.items():
+            want = expected.get(name)
+            have = _feed_dtype(value)
+            if want is not None and have is not None and have != want:
+                raise TypeError(
+                    f"feed {name!r} is {str(have).removeprefix('torch.')}, the model declares "
+                    f"{str(want).removeprefix('torch.')}: convert it (e.g. feeds[{name!r}].to(torch.{str(want).removeprefix('torch.')}))"
+                )
         import onnxruntime
 
         if hasattr(onnxruntime.OrtValue, "from_dlpack"):
@@ -220,6 +247,18 @@ class OrtRunner:
         np_feeds = {k: to_numpy(v) for k, v in feeds.items()}
         outs = sess.run(names, np_feeds)
         return [to_torch(o, self.device if self.device.type == "cuda" else None) for o in outs]
+
+
+def _feed_dtype(value: Any) -> torch.dtype | None:
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    dt = getattr(value, "dtype", None)
+    if dt is None:
+        return None
+    try:
+        return dtype_of(dt).torch
+    except ValueError:
+        return None
 
 
 def _check_feed_names(expected: Sequence[str], feeds: Mapping[str, Any]) -> None:
