@@ -310,6 +310,19 @@ def _work_dtype(dt: DType) -> torch.dtype:
 
 _BITS = {DType.FLOAT16: torch.int16, DType.BFLOAT16: torch.int16, DType.FLOAT32: torch.int32, DType.FLOAT64: torch.int64}
 _F32_MAX = float(np.finfo(np.float32).max)
+# 2**(bits-1) - (largest finite bit pattern): the bit patterns e, g of an opposite-sign pair of
+# finite values, subtracted in their integer type (wrapping), have |e - g| >= this (see _fast_chunk)
+_OPPOSITE = {
+    DType.FLOAT16: 2**15 - 0x7BFF,
+    DType.BFLOAT16: 2**15 - 0x7F7F,
+    DType.FLOAT32: 2**31 - 0x7F7FFFFF,
+    DType.FLOAT64: 2**63 - 0x7FEFFFFFFFFFFFFF,
+}
+
+
+def _block_len(k: int) -> int:
+    """Elements per block of a chunk of k for the per-block ULP maxima: a divisor of k."""
+    return next((b for b in (8000, 8192, 4000, 4096, 2000, 2048, 1000, 1024) if k % b == 0 and k >= 4 * b), k)
 
 
 def _round_down(t: float, work: Any) -> Any:
@@ -499,21 +512,23 @@ def _cpu_range(ef: torch.Tensor, gf: torch.Tensor, lo: int, hi: int, chunk: int,
         convert = st.dt in (DType.FLOAT16, DType.BFLOAT16)
         if convert:
             # torch's cast is vectorized, numpy's float16 cast is ~10x slower. It is called on pieces
-            # below torch's grain size, made once, so that it runs on this thread: an OpenMP team
-            # started here would spin on the cores the other workers use.
+            # below torch's grain size so that it runs on this thread: an OpenMP team started here
+            # would spin on the cores the other workers use. The pieces are made chunk by chunk
+            # (thousands of live views would cost more, and wake the garbage collector).
             piece = min(_SERIAL, chunk)
             chunk = chunk // piece * piece
             e_buf, g_buf = torch.empty(chunk, dtype=torch.float32), torch.empty(chunk, dtype=torch.float32)
             e_buf_np, g_buf_np = e_buf.numpy(), g_buf.numpy()
-            casts = _cast_lists(ef[lo:hi], gf[lo:hi], e_buf, g_buf, piece)
+            full_dst = [*e_buf.split(piece), *g_buf.split(piece)]
         else:
             e_np, g_np = ef.numpy(), gf.numpy()
         bufs = _Buffers(chunk, st.np_work, e_bits.dtype)
-        for c, start in enumerate(range(lo, hi, chunk)):
+        for start in range(lo, hi, chunk):
             stop = min(hi, start + chunk)
             k = stop - start
             if convert:
-                _foreach_copy(*casts[c])
+                dst = full_dst if k == chunk else [*e_buf[:k].split(piece), *g_buf[:k].split(piece)]
+                _foreach_copy(dst, [*ef[start:stop].split(piece), *gf[start:stop].split(piece)])
                 ew, gw = e_buf_np[:k], g_buf_np[:k]
                 d = gw  # |e - g| overwrites the cast of g (one buffer less in cache)
             else:
@@ -532,23 +547,6 @@ def _cpu_range(ef: torch.Tensor, gf: torch.Tensor, lo: int, hi: int, chunk: int,
 
 
 _SERIAL = 32000  # elements per torch cast: < at::internal::GRAIN_SIZE (32768), so no OpenMP
-
-
-def _cast_lists(e_src: torch.Tensor, g_src: torch.Tensor, e_buf: torch.Tensor, g_buf: torch.Tensor, piece: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-    """Per chunk (len(e_buf) elements) of the sources: the (destinations, sources) pieces to copy."""
-    per_chunk = e_buf.numel() // piece
-    e_from, g_from = e_src.split(piece), g_src.split(piece)
-    e_to, g_to = e_buf.split(piece), g_buf.split(piece)
-    out = []
-    for first in range(0, len(e_from), per_chunk):
-        dst: list[torch.Tensor] = []
-        src: list[torch.Tensor] = []
-        for j in range(first, min(len(e_from), first + per_chunk)):
-            size = e_from[j].numel()
-            dst += [e_to[j - first][:size], g_to[j - first][:size]]
-            src += [e_from[j], g_from[j]]
-        out.append((dst, src))
-    return out
 
 
 def _foreach_copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -593,25 +591,32 @@ def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m
     if m == 0:  # identical chunk: nothing else to count
         return
 
-    # ULP distance: for same-sign pairs the difference of the raw bit patterns (it fits the bits'
-    # integer type); pairs of opposite signs (including -0 vs +0) are done exactly on their own.
+    # ULP distance: for same-sign pairs the difference of the raw bit patterns, in the bits' integer
+    # type (it fits). A pair of opposite signs (-0 vs +0 included) wraps there to |u| >= the
+    # `_OPPOSITE` bound (about a binade's worth of ULPs). Per block of the chunk: the max |u| from the
+    # max and min of u (no |u| pass); only blocks reaching the bound (usually few: they hold the
+    # opposite signs, if any) get a sign test, their opposite-sign pairs are done exactly on their own.
     u = bufs.ints[:k]
-    np.bitwise_xor(eb, gb, out=u)
-    opposite: np.ndarray | None = None
-    if u.min() < 0:
-        np.less(u, 0, out=mask)
-        opposite = np.flatnonzero(mask)
     np.subtract(eb, gb, out=u)
+    blk = _block_len(k)
+    u2 = u.reshape(-1, blk)
+    hi, lo = u2.max(axis=1), u2.min(axis=1)
+    bound = _OPPOSITE[st.dt]
+    hot = np.flatnonzero((hi >= bound) | (lo <= -bound))
+    ext = np.maximum(hi, np.negative(lo))  # max |u| per block (wrong for hot blocks: redone below)
     n_opposite_differ = 0
-    if opposite is not None:
-        u[opposite] = 0
-        d_opp = d[opposite]
-        n_opposite_differ = int(np.count_nonzero(d_opp))
-        st.opposite.append((eb[opposite], gb[opposite]))  # their ULP distance: in finish()
-        # (their rel now: usually >= 1, it lets _rel_same_sign skip most chunks)
-        st.max_rel = max(st.max_rel, _rel_exact(d_opp, ew[opposite], st.tiny))
-    np.abs(u, out=u)
-    big_u = int(u.max())
+    if hot.size:
+        opposite = np.flatnonzero(np.bitwise_xor(eb.reshape(-1, blk)[hot], gb.reshape(-1, blk)[hot]) < 0)
+        if opposite.size:
+            opposite = hot[opposite // blk] * blk + opposite % blk
+            u[opposite] = 0
+            d_opp = d[opposite]
+            n_opposite_differ = int(np.count_nonzero(d_opp))
+            st.opposite.append((eb[opposite], gb[opposite]))  # their ULP distance: in finish()
+            # (their rel now: usually >= 1, it lets _rel_same_sign skip most chunks)
+            st.max_rel = max(st.max_rel, _rel_exact(d_opp, ew[opposite], st.tiny))
+        ext[hot] = np.abs(u2[hot]).max(axis=1)
+    big_u = int(ext.max())
     st.max_ulp = max(st.max_ulp, float(big_u))
 
     # histogram: counts[t] += #(d > t) for the thresholds below the chunk max
@@ -642,12 +647,12 @@ def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m
         st.counts[i] += c
 
     if big_u:
-        _rel_same_sign(ew, d, u, big_u, st, bufs)
+        _rel_same_sign(ew, d, u2, ext, big_u, st, bufs)
     if st.tol is not None and m > st.tol[0]:
         _tolerance_chunk(ew, d, st, bufs, above, t_above)
 
 
-def _rel_same_sign(ew: np.ndarray, d: np.ndarray, u: np.ndarray, big_u: int, st: _Stats, bufs: _Buffers) -> None:
+def _rel_same_sign(ew: np.ndarray, d: np.ndarray, u2: np.ndarray, ext: np.ndarray, big_u: int, st: _Stats, bufs: _Buffers) -> None:
     """Max of d / max(|e|, tiny) over the same-sign pairs, from candidates picked by ULP distance.
 
     For a same-sign pair u ULPs apart in a format with p mantissa bits (tiny its smallest normal),
@@ -656,7 +661,7 @@ def _rel_same_sign(ew: np.ndarray, d: np.ndarray, u: np.ndarray, big_u: int, st:
     So a pair can beat a relative error R only if H(u) > R, i.e. u > 2**p * R/(1+R); R is the running
     maximum, or L(U) of the chunk's largest distance U (that pair reaches it). A chunk whose U cannot
     beat the running maximum is skipped without a pass; otherwise the (usually few) candidates get
-    the exact relative error."""
+    the exact relative error. u2: the same-sign distances (signed) in blocks, ext: max |u| per block."""
     k = d.size
     p = st.dt.mantissa_bits
     scale = 2.0**p
@@ -667,8 +672,10 @@ def _rel_same_sign(ew: np.ndarray, d: np.ndarray, u: np.ndarray, big_u: int, st:
     u_min = max(1, math.floor(u_min * 0.99))
     mask = bufs.mask[:k]
     if u_min > 4:  # else most differing pairs are candidates: no point in listing them
-        np.greater_equal(u, u_min, out=mask)
-        idx = np.flatnonzero(mask)
+        blk = u2.shape[1]
+        hot = np.flatnonzero(ext >= u_min)  # the blocks holding candidates
+        idx = np.flatnonzero(np.abs(u2[hot]) >= u_min)
+        idx = hot[idx // blk] * blk + idx % blk
         if idx.size * 16 <= k:
             st.max_rel = max(st.max_rel, _rel_exact(d[idx], ew[idx], st.tiny))
             return
