@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .dtypes import DType, dtype_of
+from .tolerance import Tolerance
 
 __all__ = ["DEFAULT_THRESHOLDS", "DiffReport", "ShapeMismatchError", "compare"]
 
@@ -168,22 +169,25 @@ def compare(
     got: Any,
     *,
     thresholds: Sequence[float] | None = None,
-    tolerance: tuple[float, float] | None = None,
+    tolerance: tuple[float, float] | Tolerance | None = None,
     name: str = "",
 ) -> DiffReport:
     """Compare `expected` with `got`: torch tensors, numpy arrays, or nested lists/tuples/dicts of them.
 
-    `thresholds` sets the histogram (default `DEFAULT_THRESHOLDS`); `tolerance=(atol, rtol)` also
-    counts the elements outside numpy's allclose, `|e - g| > atol + rtol * |e|` (what `Tolerance` checks).
+    Every argument after `got` is keyword-only (`compare(e, g, tolerance=...)`). `thresholds` sets the
+    histogram (default `DEFAULT_THRESHOLDS`); `tolerance` also counts the elements outside numpy's
+    allclose, `|e - g| > atol + rtol * |e|`: a pair `(atol, rtol)`, or a `Tolerance`, whose allclose
+    pair is resolved for each output's dtype (`Tolerance.for_dtype`: per-dtype values, the dtype's
+    defaults when it states no rule) — the report `Tolerance.check` then needs.
     Shapes and dtypes must match: a mismatch raises `ShapeMismatchError` naming both.
     """
     thr = _normalize_thresholds(thresholds)
-    tolerance = _normalize_tolerance(tolerance)
+    tol: tuple[float, float] | Tolerance | None = tolerance if isinstance(tolerance, Tolerance) else _normalize_tolerance(tolerance)
     leaves: list[DiffReport] = []
-    _walk(expected, got, name, thr, tolerance, leaves)
+    _walk(expected, got, name, thr, tol, leaves)
     if len(leaves) == 1 and not _is_nested(expected):
         return leaves[0]
-    return _aggregate(leaves, thr, tolerance, name)
+    return _aggregate(leaves, thr, name, tol if isinstance(tol, tuple) else None)
 
 
 def _normalize_thresholds(thresholds: Sequence[float] | None) -> tuple[float, ...]:
@@ -200,13 +204,22 @@ def _normalize_thresholds(thresholds: Sequence[float] | None) -> tuple[float, ..
 def _normalize_tolerance(tolerance: Any) -> tuple[float, float] | None:
     if tolerance is None:
         return None
+    message = f"tolerance must be a Tolerance or a pair (atol, rtol) of non-negative numbers, got {tolerance!r}"
     try:
         atol, rtol = (float(x) for x in tolerance)
     except (TypeError, ValueError):
-        raise ValueError(f"tolerance must be a pair (atol, rtol) of non-negative numbers, got {tolerance!r}") from None
+        raise ValueError(message) from None
     if math.isnan(atol) or math.isnan(rtol) or atol < 0 or rtol < 0:
-        raise ValueError(f"tolerance must be a pair (atol, rtol) of non-negative numbers, got {tolerance!r}")
+        raise ValueError(message)
     return (atol, rtol)
+
+
+def _leaf_tolerance(tol: tuple[float, float] | Tolerance | None, dtype: torch.dtype) -> tuple[float, float] | None:
+    """The (atol, rtol) pair for one output: a Tolerance resolved for its dtype as `Tolerance.check` does."""
+    if not isinstance(tol, Tolerance):
+        return tol
+    dt = dtype_of(dtype)
+    return (tol if tol.dtype == dt.short else tol.for_dtype(dt)).allclose
 
 
 def _is_nested(x: Any) -> bool:
@@ -232,7 +245,8 @@ def _walk(expected: Any, got: Any, path: str, thr: tuple[float, ...], tol: Any, 
         for i, (e, g) in enumerate(zip(expected, got, strict=True)):
             _walk(e, g, f"{path}[{i}]" if path else f"[{i}]", thr, tol, out)
         return
-    out.append(_compare_tensors(_as_tensor(expected), _as_tensor(got), path, thr, tol))
+    e = _as_tensor(expected)
+    out.append(_compare_tensors(e, _as_tensor(got), path, thr, _leaf_tolerance(tol, e.dtype)))
 
 
 def _as_tensor(x: Any) -> torch.Tensor:
@@ -243,12 +257,16 @@ def _as_tensor(x: Any) -> torch.Tensor:
     return to_torch(x)
 
 
-def _aggregate(leaves: list[DiffReport], thr: tuple[float, ...], tol: Any, name: str) -> DiffReport:
+def _aggregate(leaves: list[DiffReport], thr: tuple[float, ...], name: str, pair: tuple[float, float] | None) -> DiffReport:
     if not leaves:
-        return DiffReport(name=name, thresholds=thr, counts=dict.fromkeys(thr, 0), tolerance=tol)
+        return DiffReport(name=name, thresholds=thr, counts=dict.fromkeys(thr, 0), tolerance=pair)
     worst = max(leaves, key=lambda r: (r.nan_mismatch + r.inf_mismatch > 0, r.max_abs))
     n = sum(r.n for r in leaves)
-    oot = None if tol is None else sum(r.out_of_tolerance or 0 for r in leaves)
+    # the outputs' pairs (a Tolerance resolves one per dtype): the aggregate names one only if all agree
+    pairs = {r.tolerance for r in leaves}
+    tol = next(iter(pairs)) if len(pairs) == 1 else None
+    counted = [r.out_of_tolerance for r in leaves if r.out_of_tolerance is not None]
+    oot = sum(counted) if counted else None
     return DiffReport(
         name=name,
         dtype=",".join(sorted({r.dtype for r in leaves})),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -61,19 +62,43 @@ class OrtDiff:
         return dtype_of(self.dtype).torch
 
     # -- running -----------------------------------------------------------------------------
-    def run(self, model: Any, feeds: Mapping[str, Any], runtime: str = "ort", output_names: Sequence[str] | None = None) -> list[Any]:
+    def run(
+        self,
+        model: Any,
+        feeds: Mapping[str, Any],
+        runtime: str = "ort",
+        output_names: Sequence[str] | None = None,
+        *,
+        kernels: Mapping[Any, Any] | None = None,
+    ) -> list[Any]:
         """Outputs of `model` on this provider: `runtime` is "ort" (onnxruntime), "torch" (the torch
-        evaluator on the provider's device) or "float64" (the torch evaluator as float64 oracle)."""
+        evaluator on the provider's device) or "float64" (the torch evaluator as float64 oracle).
+        `kernels=` overrides the evaluator's kernels (see `TorchEvaluator`), e.g. `{("", "Hardmax"): "ort"}`
+        for an op it has no kernel for."""
+        __tracebackhide__ = True
+        from .runtimes.ort import load_model
+
+        if runtime not in ("ort", "torch", "float64"):
+            raise ValueError(f"runtime must be 'ort', 'torch' or 'float64', got {runtime!r}")
+        if kernels and runtime == "ort":
+            raise ValueError("kernels= applies to the torch evaluator (runtime='torch' or 'float64'), not to runtime='ort'")
+        m = load_model(model)
+        _check_feeds(m, feeds)
+        digest = _check_model(m)
+        hint = f"ortdiff.run(model, feeds, runtime={runtime!r}, kernels={{...}})"
+        return self._run(m, digest, feeds, runtime, output_names, kernels, hint)
+
+    def _run(self, m: Any, digest: str, feeds: Mapping[str, Any], runtime: str, output_names: Sequence[str] | None, kernels: Mapping[Any, Any] | None, hint: str) -> list[Any]:
+        """`run` on a loaded, checked model whose feeds are checked."""
+        __tracebackhide__ = True
         if runtime == "ort":
             from .runtimes.ort import OrtRunner, UnsupportedByProviderError
 
             try:
-                return OrtRunner(model, provider=self.provider).run(output_names, feeds)
+                return OrtRunner(m, provider=self.provider).run(output_names, feeds)
             except UnsupportedByProviderError as exc:
                 self._skip_unsupported(exc)
-        if runtime in ("torch", "float64"):
-            return _evaluator(model, self.device, runtime).run(output_names, feeds)
-        raise ValueError(f"runtime must be 'ort', 'torch' or 'float64', got {runtime!r}")
+        return _evaluator(m, self.device, runtime, kernels=kernels, digest=digest, hint=hint).run(output_names, feeds)
 
     def _skip_unsupported(self, exc: Any) -> None:
         from .providers import KNOWN
@@ -117,6 +142,7 @@ class OrtDiff:
         blame: bool | None = None,
         baseline: bool | str = False,
         reproducible: bool | Mapping[str, Any] | None = None,
+        kernels: Mapping[Any, Any] | None = None,
     ) -> DiffReport:
         """Judge onnxruntime on this provider × dtype; fails the test with the report.
 
@@ -128,6 +154,11 @@ class OrtDiff:
         onnxruntime's outputs against their stored baseline (`check_baseline`), and `reproducible=True`
         (default: the marker's `reproducible=`; a dict passes arguments) runs `check_reproducible`; the
         failures of both are reported together.
+        `kernels=` overrides kernels of the torch evaluator (and of the oracle), as `TorchEvaluator(model,
+        kernels=...)`: `{("", "Hardmax"): "ort"}` runs an op it has no kernel for with onnxruntime.
+        The model must pass `onnx.checker` and every feed be a torch tensor or numpy array: both are
+        checked before any runtime sees them. Integer and bool outputs compare exactly; the tolerance
+        is for the floating ones.
         """
         __tracebackhide__ = True
         from .runtimes.ort import load_model
@@ -135,14 +166,17 @@ class OrtDiff:
         if reference not in ("torch", "float64"):
             raise ValueError(f"reference must be 'torch' or 'float64', got {reference!r}")
         m = load_model(model)
+        _check_feeds(m, feeds)
+        digest = _check_model(m)
         names = [o.name for o in m.graph.output]
-        got = self.run(m, feeds, runtime="ort")
-        expected = self.run(m, feeds, runtime="torch")
+        hint = "ortdiff.check(model, feeds, kernels={...})"
+        got = self._run(m, digest, feeds, "ort", None, None, hint)
+        expected = self._run(m, digest, feeds, "torch", None, kernels, hint)
         tol = self._tolerance(tolerance)
         if reference == "torch":
             judged = [("torch evaluator vs onnxruntime", self.compare(expected, got, tolerance=tol, names=names), "")]
         else:
-            oracle = [o.to(t.dtype) for o, t in zip(self.run(m, feeds, runtime="float64"), expected, strict=True)]
+            oracle = [o.to(t.dtype) for o, t in zip(self._run(m, digest, feeds, "float64", None, kernels, hint), expected, strict=True)]
             judged = [
                 ("float64 oracle vs onnxruntime", self.compare(oracle, got, tolerance=tol, names=names), " [ort vs float64]"),
                 ("float64 oracle vs torch evaluator", self.compare(oracle, expected, tolerance=tol, names=names), " [torch vs float64]"),
@@ -163,7 +197,7 @@ class OrtDiff:
                 lines.append(lines_ok)
         if lines:
             if blame if blame is not None else self.blame_on_failure:
-                lines.append(self.blame(m, feeds).render())
+                lines.append(self.blame(m, feeds, kernels=kernels).render())
             raise OrtDiffFailure("\n".join(lines))
         failures: list[str] = []
         if baseline:
@@ -175,7 +209,8 @@ class OrtDiff:
         repro = self._marker_reproducible() if reproducible is None else reproducible
         if repro:
             try:
-                self.check_reproducible(m, feeds, **(dict(repro) if isinstance(repro, Mapping) else {}))
+                args = dict(repro) if isinstance(repro, Mapping) else {}
+                self.check_reproducible(m, feeds, **{"kernels": kernels, **args})
             except OrtDiffFailure as exc:
                 failures.append(str(exc))
         if failures:
@@ -247,6 +282,7 @@ class OrtDiff:
         vary: Sequence[str] = ("threads", "graph_optimization"),
         torch_deterministic: bool | None = None,
         session_options: Mapping[str, Any] | None = None,
+        kernels: Mapping[Any, Any] | None = None,
     ) -> Any:
         """Is `model` bitwise reproducible on this provider? The same session `runs` times, then varied
         intra-op threads and graph optimization levels (`vary`), and on CUDA the torch evaluator with
@@ -258,7 +294,7 @@ class OrtDiff:
 
         self.reproducible_checked = True
         try:
-            report = check_reproducible(model, feeds, provider=self.provider, runs=runs, vary=vary, torch_deterministic=torch_deterministic, session_options=session_options)
+            report = check_reproducible(model, feeds, provider=self.provider, runs=runs, vary=vary, torch_deterministic=torch_deterministic, session_options=session_options, kernels=kernels)
         except UnsupportedByProviderError as exc:
             self._skip_unsupported(exc)
         self._record(report.worst(), Tolerance(atol=0.0, rtol=0.0), report.reproducible, " [reproducible]", describe="bitwise")
@@ -279,8 +315,10 @@ class OrtDiff:
         """Hypothesis-driven check over shapes and values: the smallest failing case, or statistics.
 
         `build` is a builder (`models.layer_norm_matmul_add`, called with `dtype=self.dtype`) or a model;
-        `dims` a strategy from `strategies.dims(...)` or bounds for it (`{"c": (1, 512)}`); `regime` a
-        value regime name or a strategy over them. Hypothesis runs the examples itself (so no fixture state
+        `dims` a strategy from `strategies.dims(...)` or bounds for it (`{"c": (1, 512)}`, each at least
+        1 or the builder's declared low); `regime` a value regime name (`strategies.REGIMES`), a list of
+        them, or a strategy over them; bad dims and regimes are errors before any example runs.
+        Hypothesis runs the examples itself (so no fixture state
         is shared across examples and its function-scoped-fixture health check does not apply), shrinks a
         failure to the smallest dims and simplest values, and the failure report shows them with the
         seed and the histogram; hypothesis's database replays it first next time, and `print_blob`
@@ -292,7 +330,7 @@ class OrtDiff:
         from hypothesis import strategies as st
 
         from . import strategies
-        from .runtimes.evaluator import TorchEvaluator
+        from .runtimes.evaluator import MissingKernelError, TorchEvaluator
         from .runtimes.ort import OrtRunner, UnsupportedByProviderError, load_model
 
         # dims a builder takes as arguments (hidden, heads, ...) change the graph itself: one model,
@@ -304,19 +342,21 @@ class OrtDiff:
             key = tuple((k, int(values[k])) for k in build_dims if k in values)
             if key not in graphs:
                 m = load_model(build(dtype=self.dtype, **dict(key))) if callable(build) else load_model(build)
-                graphs[key] = (
-                    m,
-                    [o.name for o in m.graph.output],
-                    OrtRunner(m, provider=self.provider),
-                    TorchEvaluator(m, device=self.device, kernels=kernels),
-                )
+                _check_model(m)
+                try:
+                    evaluator = TorchEvaluator(m, device=self.device, kernels=kernels, check_model=False)
+                except MissingKernelError as exc:
+                    raise _with_kernel_hint(exc, "ortdiff.fuzz(build, kernels={...})") from None
+                graphs[key] = (m, [o.name for o in m.graph.output], OrtRunner(m, provider=self.provider), evaluator)
             return graphs[key]
 
         if isinstance(dims, st.SearchStrategy):
             dims_st = dims
         else:
-            dims_st = strategies.dims(build if callable(build) else load_model(build), **dict(dims or {}))
-        regime_st = regime if isinstance(regime, st.SearchStrategy) else st.just(regime)
+            target = build if callable(build) else load_model(build)
+            _check_fuzz_dims(target, dims)
+            dims_st = strategies.dims(target, **dict(dims or {}))
+        regime_st = _regime_strategy(regime)
         tol = self._tolerance(tolerance)
         stats: dict[str, Any] = {"examples": 0, "max_abs": 0.0, "max_ulp": 0.0, "worst_dims": None}
         worst: list[DiffReport | None] = [None]
@@ -401,27 +441,163 @@ class OrtDiff:
         props.append((RESULT_KEY, row))
 
 
-_EVALUATORS: dict[tuple[str, str, str], Any] = {}
+_EVALUATORS: dict[tuple[Any, ...], Any] = {}
 
 
-def _evaluator(model: Any, device: str, runtime: str) -> Any:
-    """A TorchEvaluator per (model bytes, device, runtime), reused across checks and examples: building
-    one runs onnx.checker and shape inference."""
-    import hashlib
-
+def _evaluator(model: Any, device: str, runtime: str, *, kernels: Mapping[Any, Any] | None = None, digest: str | None = None, hint: str = "ortdiff.check(model, feeds, kernels={...})") -> Any:
+    """A TorchEvaluator per (model bytes, device, runtime, kernel overrides), reused across checks and
+    examples: building one runs shape inference. A missing kernel's error says how to pass `kernels=`
+    through the fixture (`hint`, the call to show)."""
     import torch
 
-    from .runtimes.evaluator import TorchEvaluator
-    from .runtimes.ort import load_model, model_bytes
+    from .runtimes.evaluator import MissingKernelError, TorchEvaluator
+    from .runtimes.ort import load_model
 
-    key = (hashlib.sha1(model_bytes(model)).hexdigest(), device, runtime)
+    if digest is None:
+        digest = _check_model(load_model(model))
+    key = (digest, device, runtime, _kernels_key(kernels))
     ev = _EVALUATORS.get(key)
     if ev is None:
         if len(_EVALUATORS) >= 32:
             _EVALUATORS.pop(next(iter(_EVALUATORS)))
-        ev = TorchEvaluator(load_model(model), device=device, compute_dtype=torch.float64 if runtime == "float64" else None)
+        try:
+            ev = TorchEvaluator(load_model(model), device=device, kernels=kernels, compute_dtype=torch.float64 if runtime == "float64" else None, check_model=False)
+        except MissingKernelError as exc:
+            raise _with_kernel_hint(exc, hint) from None
         _EVALUATORS[key] = ev
     return ev
+
+
+def _kernels_key(kernels: Mapping[Any, Any] | None) -> tuple[Any, ...] | None:
+    """Kernel overrides as part of a cache key: op types, node names and value names as they are,
+    callables by identity (the cached evaluator holds them, so an id is not reused while cached)."""
+    if not kernels:
+        return None
+
+    def part(x: Any) -> Any:
+        if isinstance(x, str) or (isinstance(x, tuple) and all(isinstance(i, str) for i in x)):
+            return x
+        return ("id", id(x), repr(x))
+
+    return tuple((part(k), part(v)) for k, v in kernels.items())
+
+
+def _with_kernel_hint(exc: Exception, call: str) -> Exception:
+    """The evaluator's MissingKernelError, plus how to pass its suggested `kernels=` through the fixture."""
+    import re
+
+    message = str(exc)
+    suggested = re.search(r"kernels=(\{.*\})\)\s*$", message)
+    if suggested:
+        call = call.replace("kernels={...}", f"kernels={suggested.group(1)}")
+    return type(exc)(f"{message}; in a test: {call}")
+
+
+_CHECKED: dict[str, str | None] = {}
+
+
+def _check_model(m: Any) -> str:
+    """Run onnx.checker on a ModelProto once per distinct model (by digest of its bytes), before any
+    runtime sees it: onnxruntime's own error on an invalid graph is far less clear. Returns the digest."""
+    __tracebackhide__ = True
+    import hashlib
+
+    import onnx
+
+    digest = hashlib.sha1(m.SerializeToString()).hexdigest()
+    if digest not in _CHECKED:
+        if len(_CHECKED) >= 256:
+            _CHECKED.pop(next(iter(_CHECKED)))
+        try:
+            onnx.checker.check_model(m)
+            _CHECKED[digest] = None
+        except onnx.checker.ValidationError as exc:
+            problem = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()).rstrip(".")
+            _CHECKED[digest] = problem if len(problem) <= 500 else problem[:497] + "..."
+    problem = _CHECKED[digest]
+    if problem is not None:
+        raise ValueError(f"the model fails onnx.checker: {problem}; fix the graph")
+    return digest
+
+
+def _check_feeds(m: Any, feeds: Any) -> None:
+    """Every feed a tensor or an array, before onnxruntime or the evaluator turn a None or a list
+    into an obscure error of their own."""
+    __tracebackhide__ = True
+    import numpy as np
+    import onnx
+    import torch
+
+    if not isinstance(feeds, Mapping):
+        raise TypeError(f"feeds must be a dict {{input name: tensor}}, got {type(feeds).__name__}")
+    for name, value in feeds.items():
+        if isinstance(value, torch.Tensor | np.ndarray | np.generic | onnx.TensorProto):
+            continue
+        if value is None:
+            raise TypeError(f"feed {name!r} is None; pass a torch tensor or numpy array")
+        kind = type(value).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        example = ""
+        declared = next((i.type.tensor_type.elem_type for i in m.graph.input if i.name == name), None)
+        if declared:
+            with contextlib.suppress(KeyError, ValueError):  # an elem type torch has no dtype for
+                example = f" (e.g. torch.tensor(value, dtype={dtype_of(declared).torch}))"
+        raise TypeError(f"feed {name!r} is {article} {kind}; pass a torch tensor or numpy array{example}")
+
+
+def _check_fuzz_dims(target: Any, dims: Any) -> None:
+    """fuzz's dims bounds: each low at least 1 (a dim of 0 is an empty input, which onnxruntime rejects
+    deep inside a run), or at least the low a builder declares for it (llama's `past` may be 0)."""
+    if not dims:
+        return
+    if not isinstance(dims, Mapping):
+        raise TypeError(f"ortdiff.fuzz: dims must be a dict {{name: (low, high) or value}} or a strategy from strategies.dims(), got {type(dims).__name__}")
+    from .strategies import symbolic_dims
+
+    is_builder = callable(target) and not hasattr(target, "graph")
+    declared = dict(getattr(target, "dims", {}) or {}) if is_builder else {}
+    known = set(declared) if is_builder else set(symbolic_dims(target))
+    for name, bound in dims.items():
+        if name not in known:
+            continue  # strategies.dims lists the dims there are
+        try:
+            lo, hi = (int(bound), int(bound)) if isinstance(bound, int) else (int(bound[0]), int(bound[1]))
+        except (TypeError, ValueError, IndexError):
+            continue  # strategies.dims names the malformed bound
+        floor = int(declared[name][0]) if name in declared else 1
+        if lo >= floor:
+            continue
+        if name in declared:
+            why = f"{getattr(target, '__name__', 'the builder')} declares {name!r} in {tuple(int(x) for x in declared[name])}"
+            top = hi if hi >= floor else int(declared[name][1])
+        else:
+            why = "a dim of 0 makes an empty input"
+            top = max(hi, floor)
+        raise ValueError(f"ortdiff.fuzz: dims={{{name!r}: {bound!r}}}: {name!r} must be at least {floor} ({why}); use e.g. dims={{{name!r}: ({floor}, {top})}}")
+
+
+def _regime_strategy(regime: Any) -> Any:
+    """fuzz's `regime`: a name, a list of names (hypothesis picks among them) or a strategy; unknown
+    names are an error up front, not inside a hypothesis failure."""
+    from hypothesis import strategies as st
+
+    from .strategies import REGIMES
+
+    valid = f"valid: {', '.join(REGIMES)}"
+    if isinstance(regime, st.SearchStrategy):
+        return regime
+    if isinstance(regime, str):
+        if regime not in REGIMES:
+            raise ValueError(f"ortdiff.fuzz: unknown regime {regime!r}; {valid}")
+        return st.just(regime)
+    if isinstance(regime, list | tuple):
+        if not regime:
+            raise ValueError(f"ortdiff.fuzz: regime={list(regime)!r} names no regime; {valid}")
+        unknown = [r for r in regime if r not in REGIMES]
+        if unknown:
+            raise ValueError(f"ortdiff.fuzz: unknown regime(s) {unknown!r} in regime={list(regime)!r}; {valid}")
+        return st.sampled_from(list(regime))
+    raise TypeError(f"ortdiff.fuzz: regime must be a name, a list of names or a strategy, got {type(regime).__name__}; {valid}")
 
 
 def _closer(r_ort: DiffReport, r_torch: DiffReport) -> str:

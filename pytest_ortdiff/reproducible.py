@@ -162,6 +162,7 @@ def check_reproducible(
     torch_deterministic: bool | None = None,
     session_options: Mapping[str, Any] | None = None,
     threads: Sequence[int] | None = None,
+    kernels: Mapping[Any, Any] | None = None,
 ) -> ReproducibilityReport:
     """Is `model` on onnxruntime `provider` bitwise reproducible?
 
@@ -170,7 +171,8 @@ def check_reproducible(
       choose), graph optimizations "all"; "graph_optimization": level "all" vs "disable", "basic",
       "extended", one thread; "deterministic_compute": onnxruntime's use_deterministic_compute off vs on;
     - torch evaluator with `torch.use_deterministic_algorithms` on and off, `runs` times each, side by
-      side (and on vs off): by default on CUDA providers only (`torch_deterministic=True` forces it).
+      side (and on vs off): by default on CUDA providers only (`torch_deterministic=True` forces it);
+      `kernels=` are the evaluator's overrides (an op without a torch kernel: `{op: "ort"}`).
 
     Every comparison is bit for bit; the report holds a DiffReport (histogram) per variation.
     """
@@ -216,17 +218,17 @@ def check_reproducible(
         variations.append(_diff("deterministic_compute", "use_deterministic_compute=False", "use_deterministic_compute=True", ref, got, names))
     device = torch_device(provider)
     if torch_deterministic if torch_deterministic is not None else device.startswith("cuda"):
-        variations += _torch_deterministic(m, feeds, device, runs, names)
+        variations += _torch_deterministic(m, feeds, device, runs, names, kernels)
     first = variations[0].report
     return ReproducibilityReport(m.graph.name or "model", provider, first.dtype if first else "", runs, tuple(variations))
 
 
-def _torch_deterministic(model: Any, feeds: Mapping[str, Any], device: str, runs: int, names: Sequence[str]) -> list[Variation]:
+def _torch_deterministic(model: Any, feeds: Mapping[str, Any], device: str, runs: int, names: Sequence[str], kernels: Mapping[Any, Any] | None = None) -> list[Variation]:
     """The torch evaluator `runs` times with deterministic algorithms on, then off, then on vs off;
     the process's previous setting is restored whatever happens."""
     from .runtimes.evaluator import TorchEvaluator
 
-    evaluator = TorchEvaluator(model, device=device)
+    evaluator = TorchEvaluator(model, device=device, kernels=kernels)
     tfeeds = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in feeds.items()}
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     out: list[Variation] = []

@@ -6,6 +6,7 @@ Values may be per dtype (`atol={"float16": 0.5, "float32": 1e-4}`); `for_dtype` 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ _PerDtype = _Number | Mapping[str, _Number] | None
 class Violation:
     """One broken rule, with a sentence a person reads in the failure report."""
 
-    rule: str  # "allclose", "max_ulp", "budget", "nan", "inf"
+    rule: str  # "allclose", "max_ulp", "budget", "nan", "inf", "exact" (integer and bool outputs)
     message: str
     output: str = ""
 
@@ -40,6 +41,7 @@ class Tolerance:
       more than 1e-2 and none by more than 1.
     NaN/Inf mismatches always violate. When none of the four is given, the dtype's default atol/rtol
     apply (see `DType.default_atol`); a test that states any rule gets only the rules it states.
+    Integer and bool outputs compare exactly whatever the rules say: they are for floating outputs.
     """
 
     atol: _PerDtype = None
@@ -67,8 +69,11 @@ class Tolerance:
         return self.atol is None and self.rtol is None and self.max_ulp is None and self.budget is None
 
     def for_dtype(self, dtype: Any) -> Tolerance:
-        """Concrete numbers for one dtype: per-dtype dicts resolved, defaults filled in."""
+        """Concrete numbers for one dtype: per-dtype dicts resolved, defaults filled in. Integer and
+        bool dtypes compare exactly: atol = rtol = 0, whatever the rules stated for floats."""
         dt = dtype_of(dtype)
+        if not dt.is_floating_point:
+            return Tolerance(atol=0.0, rtol=0.0, dtype=dt.short)
         if self.is_empty:
             return Tolerance(atol=dt.default_atol, rtol=dt.default_rtol, dtype=dt.short)
         atol = _pick(self.atol, dt)
@@ -103,10 +108,15 @@ class Tolerance:
         """The rules `report` breaks (empty list: it passes), one sentence each, per output.
 
         The allclose rule needs the report to have been computed with `compare(...,
-        tolerance=self.allclose)`; the budget needs its thresholds in the report's histogram.
+        tolerance=self.allclose)` (or `tolerance=self`); the budget needs its thresholds in the report's
+        histogram. An integer or bool output breaks the one rule "exact" when any element differs.
         """
         out: list[Violation] = []
         for leaf in report.leaves():
+            kind = _exact_kind(leaf.dtype)
+            if kind is not None:
+                out.extend(_check_exact_leaf(leaf, kind))
+                continue
             tol = self if self.dtype is not None and self.dtype == leaf.dtype else self.for_dtype(leaf.dtype)
             out.extend(tol._check_leaf(leaf))
         return out
@@ -130,7 +140,7 @@ class Tolerance:
                 atol, rtol = pair
                 at = ""
                 if r.argmax is not None:
-                    at = f"; worst at {_fmt_index(r.argmax)}: expected {_g(r.expected_at_max)}, got {_g(r.got_at_max)} (|diff| {_g(r.max_abs)})"
+                    at = "; " + _worst_at(r)
                 out.append(
                     Violation(
                         "allclose",
@@ -177,6 +187,97 @@ class Tolerance:
         if other is None or other.is_empty:
             return self
         return other
+
+
+def _exact_kind(dtype: str) -> str | None:
+    """"integer" or "bool" for the dtypes that compare exactly, None for floating (or unnamed) ones."""
+    if not dtype or "," in dtype:
+        return None
+    try:
+        dt = dtype_of(dtype)
+    except ValueError:
+        return None
+    if dt.is_floating_point:
+        return None
+    return "bool" if dt.short == "bool" else "integer"
+
+
+def _check_exact_leaf(r: Any, kind: str) -> list[Violation]:
+    differ = r.counts.get(0.0)
+    if differ is None and r.tolerance is not None and tuple(r.tolerance) == (0.0, 0.0):
+        differ = r.out_of_tolerance
+    if differ == 0 or (differ is None and r.max_abs == 0):
+        return []
+    count = f"{differ:,} of {r.n:,} elements differ" if differ is not None else f"elements differ (max |diff| {_g(r.max_abs)})"
+    at = ""
+    if r.argmax is not None:
+        at = f"; worst at {_fmt_index(r.argmax)}: expected {_value(r.expected_at_max, r.dtype)}, got {_value(r.got_at_max, r.dtype)}"
+    return [Violation("exact", f"{count}; {kind} outputs compare exactly{at}", r.name)]
+
+
+def _worst_at(r: Any) -> str:
+    """ "worst at (i, j): expected E, got G (|diff| D)", E and G printed in as many digits as tell them apart."""
+    e, g = r.expected_at_max, r.got_at_max
+    how = "NaN/Inf mismatch" if _is_nan_inf_mismatch(e, g) else f"|diff| {_g(r.max_abs)}"
+    return f"worst at {_fmt_index(r.argmax)}: expected {_value(e, r.dtype)}, got {_value(g, r.dtype)} ({how})"
+
+
+def _is_nan_inf_mismatch(e: Any, g: Any) -> bool:
+    if e is None or g is None:
+        return False
+    e, g = float(e), float(g)
+    if math.isnan(e) or math.isnan(g):
+        return not (math.isnan(e) and math.isnan(g))
+    return (math.isinf(e) or math.isinf(g)) and e != g
+
+
+# a value of the dtype -> the nearest value of the dtype (None: out of its range)
+def _round_f32(x: float) -> float | None:
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        return None
+
+
+def _round_f16(x: float) -> float | None:
+    try:
+        return struct.unpack("<e", struct.pack("<e", x))[0]
+    except OverflowError:
+        return None
+
+
+def _round_bf16(x: float) -> float | None:
+    if _round_f32(x) is None:
+        return None
+    (bits,) = struct.unpack("<I", struct.pack("<f", x))
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16  # round to nearest even
+    if bits & 0x7F800000 == 0x7F800000:
+        return None
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+_ROUND = {"float32": _round_f32, "float16": _round_f16, "bfloat16": _round_bf16, "float64": lambda x: x}
+
+
+def _value(x: Any, dtype: str) -> str:
+    """A value of an output in its dtype, in the fewest significant digits that read back as it (the
+    shortest round trip, as numpy's repr of a float32 or float16): two different values never print alike."""
+    if x is None:
+        return "-"
+    x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    kind = _exact_kind(dtype)
+    if kind == "bool":
+        return str(bool(x))
+    if kind == "integer" and x.is_integer():
+        return str(int(x))
+    rounding = _ROUND.get(dtype, _ROUND["float64"])
+    for digits in range(1, 18):
+        s = f"{x:.{digits}g}"
+        if rounding(float(s)) == x:
+            return s
+    return repr(x)
 
 
 def _is_per_dtype(value: Any) -> bool:

@@ -623,6 +623,49 @@ def test_bad_thresholds_and_tolerance() -> None:
         compare(torch.zeros(1), torch.zeros(1), tolerance=(-1.0, 0.0))
 
 
+def test_tolerance_accepts_a_tolerance_object() -> None:
+    from pytest_ortdiff import Tolerance
+
+    e = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    g = torch.tensor([1.0005, 2.0, 4.5, 8.0])
+    r = compare(e, g, tolerance=Tolerance(atol=1e-3))
+    assert r.tolerance == (1e-3, 0.0) and r.out_of_tolerance == 1
+    assert r == compare(e, g, tolerance=(1e-3, 0.0))
+    # a Tolerance stating no rule: the expected dtype's defaults; per-dtype values resolved per output
+    assert compare(e, g, tolerance=Tolerance()).tolerance == (1e-4, 1e-4)
+    half = compare(e.half(), g.half(), tolerance=Tolerance(atol={"float16": 0.6, "float32": 1e-6}))
+    assert half.tolerance == (0.6, 0.0) and half.out_of_tolerance == 0
+    # and the report it makes is the one Tolerance.check asks for
+    tol = Tolerance(atol=1e-3)
+    assert [v.rule for v in tol.check(compare(e, g, tolerance=tol))] == ["allclose"]
+
+
+def test_tolerance_object_in_nested_outputs_of_several_dtypes() -> None:
+    from pytest_ortdiff import Tolerance
+
+    e = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([1.0, 2.0], dtype=torch.float16), "i": torch.tensor([3, 4])}
+    g = {"a": torch.tensor([1.0, 2.05]), "b": torch.tensor([1.0, 2.05], dtype=torch.float16), "i": torch.tensor([3, 5])}
+    tol = Tolerance()
+    r = compare(e, g, tolerance=tol)
+    by_name = {leaf.name: leaf for leaf in r.leaves()}
+    assert by_name["a"].tolerance == (1e-4, 1e-4) and by_name["a"].out_of_tolerance == 1
+    assert by_name["b"].tolerance == (1e-2, 1e-2) and by_name["b"].out_of_tolerance == 1
+    assert by_name["i"].tolerance == (0.0, 0.0) and by_name["i"].out_of_tolerance == 1
+    # the pairs differ between outputs: the aggregate names none
+    assert r.tolerance is None and r.out_of_tolerance == 3
+    assert sorted(v.rule for v in tol.check(r)) == ["allclose", "allclose", "exact"]
+
+
+def test_compare_options_are_keyword_only() -> None:
+    with pytest.raises(TypeError, match="positional"):
+        compare(torch.zeros(1), torch.zeros(1), (1e-3, 0.0))  # type: ignore[misc]
+
+
+def test_bad_tolerance_names_both_spellings() -> None:
+    with pytest.raises(ValueError, match=r"tolerance must be a Tolerance or a pair \(atol, rtol\) of non-negative numbers, got 0\.001"):
+        compare(torch.zeros(1), torch.zeros(1), tolerance=1e-3)  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------------------------------------
 # serialization
 

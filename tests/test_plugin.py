@@ -4,6 +4,7 @@ skips vs usage errors, passing and failing checks, the summary table, JSON outpu
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -271,3 +272,205 @@ def test_plugin_import_is_light() -> None:
     code = "import sys, pytest_ortdiff.plugin; print(any(m in sys.modules for m in ('torch', 'onnxruntime')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- the OrtDiff checker: kernels, bad models, integer outputs, fuzz and feed validation --------------
+
+HARDMAX_TEST = """
+import onnx
+import onnx.helper as oh
+import torch
+
+def hardmax_model():
+    node = oh.make_node("Hardmax", ["x"], ["y"], axis=-1, name="hm")
+    graph = oh.make_graph(
+        [node], "hm", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+
+FEEDS = {"x": torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])}
+
+def test_no_kernel(ortdiff):
+    ortdiff.check(hardmax_model(), FEEDS)
+
+def test_kernels_passed_through(ortdiff):
+    report = ortdiff.check(hardmax_model(), FEEDS, kernels={("", "Hardmax"): "ort"})
+    assert report.is_exact
+    (y,) = ortdiff.run(hardmax_model(), FEEDS, runtime="torch", kernels={("", "Hardmax"): "ort"})
+    assert y.tolist() == [[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]
+"""
+
+
+def test_missing_kernel_in_a_test_says_how_to_pass_kernels(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_hm=HARDMAX_TEST)
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*MissingKernelError: no torch kernel for Hardmax (opset 18); known ops: *"
+            "; in a test: ortdiff.check(model, feeds, kernels={('', 'Hardmax'): 'ort'})",
+            "FAILED test_hm.py::test_no_kernel[[]CPU-float32[]]*",
+        ]
+    )
+
+
+def test_evaluators_are_cached_per_kernel_overrides() -> None:
+    import torch
+
+    from pytest_ortdiff import models
+    from pytest_ortdiff.fixtures import OrtDiff
+
+    checker = OrtDiff("CPU", "float32")
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=0)
+
+    def shifted(by: float) -> object:
+        return lambda x, w: torch.matmul(x, w) + by
+
+    (plain,) = checker.run(model, feeds, runtime="torch")
+    (one,) = checker.run(model, feeds, runtime="torch", kernels={("", "MatMul"): shifted(1.0)})
+    (two,) = checker.run(model, feeds, runtime="torch", kernels={("", "MatMul"): shifted(2.0)})
+    assert torch.allclose(one - plain, torch.ones_like(plain)) and torch.allclose(two - plain, 2 * torch.ones_like(plain))
+    # a check with an override judges the evaluator built with it
+    broken = {("", "MatMul"): shifted(1.0)}
+    with pytest.raises(AssertionError, match="tolerance broken"):
+        checker.check(model, feeds, kernels=broken)
+    assert checker.check(model, feeds).max_abs < 1e-4
+    with pytest.raises(ValueError, match=r"kernels= applies to the torch evaluator \(runtime='torch' or 'float64'\), not to runtime='ort'"):
+        checker.run(model, feeds, runtime="ort", kernels=broken)
+
+
+def test_model_failing_onnx_checker_fails_before_onnxruntime(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_bad_model="""
+        import onnx
+        import onnx.helper as oh
+        import torch
+
+        def test_a(ortdiff):
+            # a Relu reading a value nothing produces: onnx.checker rejects it
+            graph = oh.make_graph(
+                [oh.make_node("Relu", ["x"], ["y"])], "g",
+                [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+                [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])],
+            )
+            model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+            model.graph.node[0].input.append("missing")
+            ortdiff.check(model, {"x": torch.tensor([-1.0, 0.5, 2.0])})
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["E *ValueError: the model fails onnx.checker: Nodes in a graph must be topologically sorted, however input 'missing' of node: name:  OpType: Relu is not output of any previous nodes; fix the graph"]
+    )
+    result.stdout.no_fnmatch_line("*InvalidArgument*")
+    result.stdout.no_fnmatch_line("*onnxruntime.capi*")
+
+
+ARGMAX_TEST = """
+import onnx
+import onnx.helper as oh
+import pytest
+import torch
+
+def argmax_model():
+    nodes = [oh.make_node("Relu", ["x"], ["y"]), oh.make_node("ArgMax", ["x"], ["idx"], axis=1, keepdims=0)]
+    graph = oh.make_graph(
+        nodes, "am", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 5])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5]), oh.make_tensor_value_info("idx", onnx.TensorProto.INT64, [2])],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+
+FEEDS = {"x": torch.tensor([[0.1, 3.0, -1.0, 0.5, 0.2], [2.0, 2.5, 0.0, 4.0, -3.0]])}
+
+def off_by_one(x):
+    return (torch.argmax(x, dim=1) + 1) % 5
+
+@pytest.mark.ortdiff(atol=1000.0, rtol=1.0)
+def test_exact(ortdiff):
+    ortdiff.check(argmax_model(), FEEDS)
+
+@pytest.mark.ortdiff(atol=1000.0, rtol=1.0)
+def test_wrong_index(ortdiff):
+    ortdiff.check(argmax_model(), FEEDS, kernels={("", "ArgMax"): off_by_one})
+"""
+
+
+def test_integer_output_compares_exactly_in_check(pytester: pytest.Pytester) -> None:
+    # a huge atol/rtol covers the float output; the ArgMax indices must still match exactly
+    pytester.makepyfile(test_am=ARGMAX_TEST)
+    result = pytester.runpytest("-v")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_exact[[]CPU-float32[]] PASSED*", "*test_wrong_index[[]CPU-float32[]] FAILED*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*OrtDiffFailure: ortdiff: torch evaluator vs onnxruntime CPU float32: tolerance broken (atol=1e+03 rtol=1)",
+            "*- idx: 2 of 2 elements differ; integer outputs compare exactly; worst at (0): expected 2, got 1",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*- y:*")
+
+
+def test_fuzz_validates_dims_and_regime_up_front() -> None:
+    from pytest_ortdiff import models
+    from pytest_ortdiff.fixtures import OrtDiff
+
+    checker = OrtDiff("CPU", "float32")
+    build = models.layer_norm_matmul_add
+    with pytest.raises(ValueError, match=re.escape("ortdiff.fuzz: dims={'c': (0, 0)}: 'c' must be at least 1 (layer_norm_matmul_add declares 'c' in (1, 256)); use e.g. dims={'c': (1, 256)}")):
+        checker.fuzz(build, dims={"c": (0, 0)})
+    with pytest.raises(ValueError, match=re.escape("ortdiff.fuzz: dims={'b': (0, 8)}: 'b' must be at least 1 (layer_norm_matmul_add declares 'b' in (1, 64)); use e.g. dims={'b': (1, 8)}")):
+        checker.fuzz(build, dims={"b": (0, 8)})
+    model = build(dtype="float32")
+    with pytest.raises(ValueError, match=re.escape("ortdiff.fuzz: dims={'a': (0, 3)}: 'a' must be at least 1 (a dim of 0 makes an empty input); use e.g. dims={'a': (1, 3)}")):
+        checker.fuzz(model, dims={"a": (0, 3)})
+    with pytest.raises(ValueError, match=re.escape("dims(): 'd' is not a dim of this model/builder; its dims are ['a', 'b', 'c']")):
+        checker.fuzz(build, dims={"d": (0, 3)})
+    valid = "valid: normal, uniform, large, tiny, special"
+    with pytest.raises(ValueError, match=re.escape(f"ortdiff.fuzz: unknown regime 'gaussian'; {valid}")):
+        checker.fuzz(build, regime="gaussian")
+    with pytest.raises(ValueError, match=re.escape(f"ortdiff.fuzz: unknown regime(s) ['gauss', 'huge'] in regime=['normal', 'gauss', 'huge']; {valid}")):
+        checker.fuzz(build, regime=["normal", "gauss", "huge"])
+    with pytest.raises(ValueError, match=re.escape(f"ortdiff.fuzz: regime=[] names no regime; {valid}")):
+        checker.fuzz(build, regime=[])
+
+
+def test_fuzz_accepts_a_list_of_regimes_and_builder_zero_lows() -> None:
+    from pytest_ortdiff import models
+    from pytest_ortdiff.fixtures import OrtDiff
+
+    stats = OrtDiff("CPU", "float32").fuzz(models.layer_norm_matmul_add, dims={"c": (1, 16)}, regime=["normal", "uniform"], max_examples=5)
+    assert stats["examples"] == 5
+    # a builder may declare 0 as a valid low (llama's past: no cache yet)
+    stats = OrtDiff("CPU", "float32").fuzz(
+        models.llama_attention, dims={"hidden": (8, 8), "heads": (1, 1), "kv_heads": (1, 1), "past": (0, 0), "seq": (1, 2)}, max_examples=3
+    )
+    assert stats["examples"] == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "feed 'X' is None; pass a torch tensor or numpy array"),
+        ([[1.0, 2.0]], "feed 'X' is a list; pass a torch tensor or numpy array (e.g. torch.tensor(value, dtype=torch.float32))"),
+        (1.5, "feed 'X' is a float; pass a torch tensor or numpy array (e.g. torch.tensor(value, dtype=torch.float32))"),
+    ],
+)
+@pytest.mark.parametrize("call", ["check", "run-ort", "run-torch"])
+def test_bad_feed_is_named_before_the_runtimes_see_it(value: object, message: str, call: str) -> None:
+    from pytest_ortdiff import models
+    from pytest_ortdiff.fixtures import OrtDiff
+
+    checker = OrtDiff("CPU", "float32")
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=0)
+    feeds["X"] = value
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        if call == "check":
+            checker.check(model, feeds)
+        else:
+            checker.run(model, feeds, runtime=call.split("-")[1])
+    with pytest.raises(TypeError, match=re.escape("feeds must be a dict {input name: tensor}, got list")):
+        checker.check(model, list(feeds.values()))  # type: ignore[arg-type]

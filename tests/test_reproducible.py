@@ -112,6 +112,24 @@ def test_torch_deterministic_algorithms_side_by_side_and_restored() -> None:
     assert [v.kind for v in check_reproducible(model, feeds, runs=2, vary=()).variations] == ["repeat"]
 
 
+def test_torch_side_takes_kernel_overrides_for_ops_without_a_kernel() -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Hardmax", ["x"], ["y"], axis=-1, name="hm")],
+        "hardmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    feeds = {"x": torch.randn(4, 8, generator=torch.Generator().manual_seed(0))}
+    rep = check_reproducible(model, feeds, runs=2, vary=(), torch_deterministic=True, kernels={("", "Hardmax"): "ort"})
+    assert rep.reproducible
+    assert [v.kind for v in rep.variations] == ["repeat", *["torch_deterministic"] * 3]
+
+
 def test_torch_deterministic_that_cannot_run_is_named_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_ortdiff.runtimes.evaluator import TorchEvaluator
 

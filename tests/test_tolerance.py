@@ -107,6 +107,28 @@ def test_allclose_passes_inside_and_names_the_worst_element() -> None:
     assert loose.check(compare(e, g, tolerance=loose.allclose)) == []
 
 
+@pytest.mark.parametrize(
+    ("dtype", "expected", "got", "line"),
+    [
+        # values that round to the same 3 digits are printed until they differ (shortest round trip)
+        (torch.float32, 69.2, "up2", "worst at (3): expected 69.2, got 69.20001 (|diff| 1.53e-05)"),
+        (torch.float16, 22.5, "up1", "worst at (3): expected 22.5, got 22.52 (|diff| 0.0156)"),
+        (torch.bfloat16, 1.0, "up1", "worst at (3): expected 1, got 1.01 (|diff| 0.00781)"),
+        (torch.float64, 0.1, "up1", "worst at (3): expected 0.1, got 0.10000000000000002 (|diff| 1.39e-17)"),
+        (torch.float32, 1.0, math.nan, "worst at (3): expected 1, got nan (NaN/Inf mismatch)"),
+        (torch.float16, -math.inf, 2.0, "worst at (3): expected -inf, got 2 (NaN/Inf mismatch)"),
+    ],
+)
+def test_violation_line_prints_values_that_differ(dtype: torch.dtype, expected: float, got: object, line: str) -> None:
+    e = torch.tensor([0.0, 0.0, 0.0, expected], dtype=dtype)
+    g = e.clone()
+    g[3] = _ulps_up(e[3:4], int(got[2:]))[0] if isinstance(got, str) else got
+    tol = Tolerance(atol=0.0, rtol=0.0)
+    violations = tol.check(compare(e, g, tolerance=tol.allclose))
+    (allclose,) = [v for v in violations if v.rule == "allclose"]
+    assert allclose.message == f"1 of 4 elements (25.00 %) exceed atol=0 + rtol=0*|expected|; {line}"
+
+
 def test_allclose_needs_the_report_made_with_it() -> None:
     tol = Tolerance(atol=1e-3, rtol=1e-3)
     report = compare(torch.ones(3), torch.ones(3))
@@ -223,7 +245,62 @@ def test_integers_compare_exactly_by_default() -> None:
     tol = Tolerance().for_dtype("int64")
     assert tol.check(compare(e, e.clone(), tolerance=tol.allclose)) == []
     (v,) = tol.check(compare(e, torch.tensor([1, 2, 4]), tolerance=tol.allclose))
-    assert v.message.startswith("1 of 3 elements (33.33 %) exceed atol=0 + rtol=0*|expected|")
+    assert (v.rule, v.message) == ("exact", "1 of 3 elements differ; integer outputs compare exactly; worst at (2): expected 3, got 4")
+
+
+INT_TOLERANCES = [
+    Tolerance(atol=1e-4, rtol=1e-2, dtype="float32"),
+    Tolerance(atol=10.0, rtol=1.0),
+    Tolerance(max_ulp=100),
+    Tolerance(budget={0.0: 1.0}),
+    Tolerance(atol={"int64": 5.0}, rtol={"int64": 0.5}),
+    Tolerance(),
+]
+
+
+@pytest.mark.parametrize("tol", INT_TOLERANCES, ids=["float32-resolved", "loose", "max_ulp", "budget", "per-dtype-int64", "defaults"])
+def test_integer_outputs_compare_exactly_whatever_the_tolerance(tol: Tolerance) -> None:
+    # DESIGN.md: integer and bool outputs compare exactly; atol/rtol/max_ulp/budget are for floats
+    e = {"idx": np.array([500, 7, 3], dtype=np.int64)}
+    g = {"idx": np.array([504, 7, 3], dtype=np.int64)}
+    report = compare(e, g, tolerance=(1e-4, 1e-2))
+    (v,) = tol.check(report)
+    assert v == Violation("exact", "1 of 3 elements differ; integer outputs compare exactly; worst at (0): expected 500, got 504", "idx")
+    assert tol.check(compare(e, {"idx": e["idx"].copy()}, tolerance=(1e-4, 1e-2))) == []
+    # the report need not carry the tolerance's allclose count: integers are judged on their own
+    assert [x.rule for x in tol.check(compare(e, g))] == ["exact"]
+
+
+def test_every_integer_element_that_differs_is_counted() -> None:
+    e = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32)
+    g = torch.tensor([[2, 3, 4], [4, 5, 9]], dtype=torch.int32)
+    (v,) = Tolerance(atol=100.0, rtol=1.0).check(compare(e, g, tolerance=(100.0, 1.0)))
+    assert v.message == "4 of 6 elements differ; integer outputs compare exactly; worst at (1, 2): expected 6, got 9"
+
+
+def test_bool_outputs_compare_exactly() -> None:
+    e = torch.tensor([True, False, True, True])
+    g = torch.tensor([True, True, True, False])
+    (v,) = Tolerance(atol=1.0, rtol=1.0, budget={0.5: 1.0}).check(compare({"mask": e}, {"mask": g}, tolerance=(1.0, 1.0)))
+    assert str(v) == "mask: 2 of 4 elements differ; bool outputs compare exactly; worst at (1): expected False, got True"
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "int8", "uint8", "bool"])
+def test_for_dtype_of_integers_and_bool_is_exact(dtype: str) -> None:
+    tol = Tolerance(atol=1e-4, rtol=1e-2, max_ulp=8, budget={1e-2: 0.5}).for_dtype(dtype)
+    assert (tol.atol, tol.rtol, tol.max_ulp, tol.budget, tol.dtype) == (0.0, 0.0, None, None, dtype)
+    assert Tolerance(atol={"float32": 1e-4}).for_dtype(dtype).allclose == (0.0, 0.0)
+
+
+def test_mixed_float_and_integer_outputs_float_tolerance_for_floats_only() -> None:
+    tol = Tolerance(atol=1e-2, rtol=0.0).for_dtype("float32")
+    e = {"y": torch.tensor([1.0, 2.0, 3.0]), "idx": torch.tensor([2, 0], dtype=torch.int64)}
+    g = {"y": torch.tensor([1.005, 2.0, 3.0]), "idx": torch.tensor([2, 0], dtype=torch.int64)}
+    assert tol.check(compare(e, g, tolerance=tol.allclose)) == []
+    g["idx"] = torch.tensor([2, 1], dtype=torch.int64)
+    g["y"] = torch.tensor([1.5, 2.0, 3.0])
+    violations = tol.check(compare(e, g, tolerance=tol.allclose))
+    assert [(v.output, v.rule) for v in violations] == [("y", "allclose"), ("idx", "exact")]
 
 
 # -- validation -----------------------------------------------------------------------------------------
