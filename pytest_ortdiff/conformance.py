@@ -426,25 +426,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Print the report; exit 1 when a case is wrong (not listed in KNOWN_UNSUPPORTED) or errors, 2 when none is selected."""
+    """Print the report; exit 1 when a case is wrong (not listed in KNOWN_UNSUPPORTED) or errors, 2 when
+    none is selected or an --op names no op of the suite."""
     t0 = time.perf_counter()
-    results = run_cases(ops=args.op, pattern=args.pattern)
-    if not results:
+    unknown: list[str] = []
+    if args.op:
         cases = load_cases()
         by_name = {c.name: c for c in cases}
         ops = sorted({op_under_test(c, by_name) for c in cases})
-        chosen = [f"--op {op}" for op in args.op or ()] + ([f"-k {args.pattern}"] if args.pattern else [])
+        unknown = [op for op in dict.fromkeys(args.op) if op not in ops]
+    results = [] if unknown else run_cases(ops=args.op, pattern=args.pattern)
+    if not results:
+        if not args.op:
+            print(f"error: no case matches -k {args.pattern}", file=sys.stderr)
+            return 2
+        # an unknown op is an error even beside known ones: a typo must not shrink the run unnoticed
+        chosen = [f"--op {op}" for op in unknown or args.op] + ([f"-k {args.pattern}"] if args.pattern and not unknown else [])
         hints = []
-        for op in args.op or ():
-            if op not in ops:
-                close = difflib.get_close_matches(op, ops, n=3)
-                hints.append(f"{op} is not an op of the suite" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        for op in unknown:
+            close = _suggestions(op, ops)
+            hints.append(f"{op} is not an op of the suite" + (f" (did you mean {', '.join(close)}?)" if close else ""))
         print(f"error: no case matches {' '.join(chosen)}" + "".join(f"; {h}" for h in hints), file=sys.stderr)
         return 2
     print(render(results, verbose=args.verbose))
     print(f"\n({time.perf_counter() - t0:.1f} s, case generation included)")
     failed = any(r.status == "error" or (r.status == "wrong" and not known_reason(r.name)) for r in results)
     return 1 if failed else 0
+
+
+def _suggestions(name: str, ops: Sequence[str], n: int = 3) -> list[str]:
+    """Ops close to `name`, closest first; one that differs only in case comes before all others."""
+    same = [op for op in ops if op.lower() == name.lower()]
+    close = difflib.get_close_matches(name, ops, n=n + len(same))
+    return (same + [op for op in close if op not in same])[:n]
 
 
 if __name__ == "__main__":

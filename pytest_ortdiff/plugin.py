@@ -4,6 +4,7 @@ and the terminal summary. Imports neither torch nor onnxruntime at import time."
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ _MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget", "r
 _REPRODUCIBLE_KWARGS = ("runs", "vary", "torch_deterministic", "session_options")
 DEFAULT_PROVIDERS = ("CPU",)
 DEFAULT_DTYPES = ("float32",)
+#: user property naming the (provider, dtype) a test was parametrized with; travels to the xdist controller
+CASE_KEY = "ortdiff_case"
+#: a test's outcome in --ortdiff-json, worst last: a later report of the same test never makes it better
+OUTCOMES = ("passed", "xpassed", "skipped", "xfailed", "failed", "error")
 
 
 @dataclass
@@ -42,7 +47,11 @@ class _State:
     skip_unavailable: bool = False
     show_reports: bool = False
     json_path: str | None = None
+    json_target: Path | None = None
+    json_message: str = ""
+    json_failed: bool = False
     results: list[dict[str, Any]] = field(default_factory=list)
+    tests: dict[str, dict[str, Any]] = field(default_factory=dict)
     skips: list[dict[str, Any]] = field(default_factory=list)
     baselines: list[dict[str, Any]] = field(default_factory=list)
 
@@ -117,7 +126,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="ortdiff_json",
         default=None,
         metavar="PATH",
-        help="write every check's result and report as JSON to PATH (one file per CI job)",
+        help="write every check's result and report, and every test's outcome, as JSON to PATH (one file per CI "
+        "job; written even when no check ran; merge them with `python -m pytest_ortdiff merge`)",
     )
     group.addoption(
         "--ortdiff-baseline-dir",
@@ -169,18 +179,57 @@ def _parse_providers(names: list[str], source: str) -> tuple[list[str], bool]:
     return out, wants_available
 
 
+def _testable_dtype(name: Any) -> str:
+    """The short name of a dtype the checks can run in; ValueError naming the valid ones otherwise."""
+    d = parse_dtype(name).short
+    if d not in TESTABLE:
+        raise ValueError(f"{d} is not a floating dtype to test; valid: {', '.join(TESTABLE)}")
+    return d
+
+
 def _parse_dtypes(names: list[str], source: str) -> list[str]:
     out: list[str] = []
     for name in names:
         try:
-            d = parse_dtype(name).short
+            d = _testable_dtype(name)
         except ValueError as exc:
             raise pytest.UsageError(f"{source}: {exc}") from None
-        if d not in TESTABLE:
-            raise pytest.UsageError(f"{source}: {d} is not a floating dtype to test; valid: {', '.join(TESTABLE)}")
         if d not in out:
             out.append(d)
     return out
+
+
+def _given_but_empty(value: str | None, option: str, example: str) -> None:
+    # `--ort-dtypes=` (an unset CI variable) must not quietly test the defaults
+    if value is not None and not _split(value):
+        raise pytest.UsageError(f"{option} is empty; give e.g. {example}")
+
+
+def _json_target(value: str, invocation_dir: Path) -> Path:
+    """Where --ortdiff-json writes, checked before any test runs: a file path whose nearest existing
+    ancestor is a writable directory (missing directories are created when the file is written)."""
+    if not value.strip():
+        raise pytest.UsageError("--ortdiff-json is empty; give a file path such as jobs/cpu-float32.json")
+    target = invocation_dir / value  # an absolute value replaces the invocation dir
+
+    def shown(p: Path) -> str:
+        try:
+            return str(p.relative_to(invocation_dir))
+        except ValueError:
+            return str(p)
+
+    if target.is_dir():
+        raise pytest.UsageError(f"--ortdiff-json={value}: {shown(target)} is a directory; give a file path such as {Path(value) / 'job.json'}")
+    if target.exists() and not target.is_file():
+        raise pytest.UsageError(f"--ortdiff-json={value}: {shown(target)} exists and is not a regular file")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise pytest.UsageError(f"--ortdiff-json={value}: {shown(parent)} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise pytest.UsageError(f"--ortdiff-json={value}: cannot create files in {shown(parent)} (permission denied)")
+    return target
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -201,6 +250,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"ini ortdiff_baseline_max_elements: expected a positive number of elements such as 65536, got {raw!r}")
     state = _State()
     cli_p = config.getoption("ort_providers")
+    _given_but_empty(cli_p, "--ort-providers", "CPU,CUDA (valid: CPU, CUDA, TensorRT, ..., or 'available')")
+    _given_but_empty(config.getoption("ort_dtypes"), "--ort-dtypes", f"float32,float16 (valid: {', '.join(TESTABLE)})")
     ini_p = config.getini("ortdiff_providers")
     source = "--ort-providers" if cli_p else "ini ortdiff_providers"
     names = _split(cli_p) or _split(ini_p)
@@ -228,6 +279,8 @@ def pytest_configure(config: pytest.Config) -> None:
         state.dtypes_given = True
     state.show_reports = bool(config.getoption("ortdiff_reports") or config.getini("ortdiff_reports"))
     state.json_path = config.getoption("ortdiff_json")
+    if state.json_path is not None and not hasattr(config, "workerinput"):  # xdist workers never write it
+        state.json_target = _json_target(state.json_path, config.invocation_params.dir)
     config.stash[STATE] = state
     _ACTIVE.append(state)
     config.pluginmanager.register(_Collector(state), "ortdiff-collector")
@@ -250,7 +303,7 @@ def _marker_list(value: Any, kind: str, test: str) -> list[str]:
     out = []
     for name in value:
         try:
-            out.append(parse_provider(name) if kind == "providers" else parse_dtype(name).short)
+            out.append(parse_provider(name) if kind == "providers" else _testable_dtype(name))
         except ValueError as exc:
             pytest.fail(f"@pytest.mark.ortdiff on {test}: {exc}", pytrace=False)
     return out
@@ -302,13 +355,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("_ortdiff_case", params, indirect=True)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
+    case = _case(item)
+    if case is not None:
+        item.user_properties.append((CASE_KEY, {"provider": case[0], "dtype": case[1]}))
+
+
+def _case(item: pytest.Item) -> tuple[str, str] | None:
+    """(provider, dtype) of a test the plugin parametrized, None for others and for the named-skip case."""
     callspec = getattr(item, "callspec", None)
-    if callspec is None or "_ortdiff_case" not in callspec.params:
-        return
+    if callspec is None or "_ortdiff_case" not in callspec.params or callspec.params["_ortdiff_case"][0] == "-":
+        return None
     provider, dtype = callspec.params["_ortdiff_case"]
-    if provider == "-":
+    return provider, dtype
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    case = _case(item)
+    if case is None:
         return
+    provider, dtype = case
     from .providers import unavailable_reason
 
     reason = unavailable_reason(provider)
@@ -355,15 +421,55 @@ def _baseline_summary(tr: Any, rows: list[dict[str, Any]]) -> None:
         tr.write_line("\n".join(f"  {r['path']}" for r in sorted(corrupted, key=lambda r: r["path"])))
 
 
+def _message(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """The line that says why a test failed: the exception's first line (a collection error's last `E`)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        text = crash.message
+    else:
+        lines = str(report.longrepr).splitlines()
+        errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+        text = errors[-1] if errors else next((line.strip() for line in lines if line.strip()), "")
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first if len(first) <= 300 else first[:297] + "..."
+
+
+def _outcome(report: pytest.TestReport) -> str | None:
+    """This phase's contribution to the test's outcome (None: a passing setup or teardown says nothing)."""
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    if report.skipped:
+        return "skipped"
+    # other outcomes (pytest-rerunfailures' "rerun") are superseded by the next attempt's
+    return "passed" if report.passed and report.when == "call" else None
+
+
 class _Collector:
-    """Receives test reports (on the xdist controller too) and keeps the ortdiff rows in the state."""
+    """Receives test reports (on the xdist controller too) and keeps the ortdiff rows and every test's
+    outcome in the state."""
 
     def __init__(self, state: _State) -> None:
         self.state = state
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.state.tests[report.nodeid] = {"test": report.nodeid, "outcome": "error", "message": _message(report)}
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        outcome = _outcome(report)
+        if outcome is not None:
+            entry = self.state.tests.setdefault(report.nodeid, {"test": report.nodeid, "outcome": outcome})
+            if OUTCOMES.index(outcome) > OUTCOMES.index(entry["outcome"]):
+                entry["outcome"] = outcome
+            if outcome in ("failed", "error") and "message" not in entry:
+                entry["message"] = _message(report)
         for key, value in report.user_properties:
-            if key == RESULT_KEY and report.when == "call":
+            if key == CASE_KEY:
+                if report.nodeid in self.state.tests:
+                    self.state.tests[report.nodeid].update(value)
+            elif key == RESULT_KEY and report.when == "call":
                 row = dict(value)
                 row["test"] = report.nodeid + row.pop("suffix", "")
                 row["outcome"] = "passed" if row.get("passed") else "failed"
@@ -374,12 +480,41 @@ class _Collector:
                 self.state.baselines.append({**value, "test": report.nodeid})
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # runs inside the terminal reporter's own sessionfinish, before the summary that reports it; under
+    # xdist only the controller writes (the workers' reports reach it through pytest_runtest_logreport)
+    config = session.config
+    state = config.stash.get(STATE, None)
+    if state is None or state.json_target is None:
+        return
+    data = {"results": state.results, "skips": state.skips, "tests": list(state.tests.values())}
+    try:
+        _write_atomically(state.json_target, json.dumps(data, indent=1))
+    except OSError as exc:
+        # a CI job must not go green without its report
+        state.json_message, state.json_failed = f"ortdiff: could not write {state.json_path}: {exc}", True
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+    else:
+        state.json_message = f"ortdiff: wrote {len(state.results)} result(s) to {state.json_path}"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write aside in the same directory and rename into place: a reader sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one writer per run: the xdist controller
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     from .report import render_table
 
     state = config.stash[STATE]
-    if not state.results and not state.skips and not state.baselines:
-        return
     tr = terminalreporter
     if state.results:
         tr.write_sep("=", "ortdiff summary")
@@ -401,10 +536,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             tr.write_line(f"{row['test']} ({row['outcome']}; tolerance {row.get('tolerance', '-')})")
             tr.write_line(DiffReport.from_dict(row["report"]).render())
             tr.write_line("")
-    if state.json_path:
-        path = Path(state.json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps({"results": state.results, "skips": state.skips}, indent=1))
-        tmp.replace(path)
-        tr.write_line(f"ortdiff: wrote {len(state.results)} result(s) to {path}")
+    if state.json_message:
+        tr.write_line(state.json_message, red=state.json_failed)

@@ -124,9 +124,9 @@ def worst_budget_line(report: Any, budget: Mapping[float, float] | None) -> str:
 
 def render_table(rows: Iterable[Mapping[str, Any]], *, markdown: bool = False) -> str:
     """The run's summary: one row per checked test id (keys: test, provider, dtype, max_abs, max_rel,
-    worst, outcome)."""
+    worst, outcome; `report`, the DiffReport's dict, when there is one)."""
     cols = [("test", "test"), ("provider", "provider"), ("dtype", "dtype"), ("max abs", "max_abs"), ("max rel", "max_rel"), ("worst budget line", "worst"), ("result", "outcome")]
-    body = [[_cell(row.get(key)) for _, key in cols] for row in rows]
+    body = [[_cell(_mismatches(row) if key == "worst" else None, row.get(key)) for _, key in cols] for row in rows]
     if markdown:
         out = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
         out += ["| " + " | ".join(cells) + " |" for cells in body]
@@ -137,7 +137,19 @@ def render_table(rows: Iterable[Mapping[str, Any]], *, markdown: bool = False) -
     return "\n".join(out)
 
 
-def _cell(v: Any) -> str:
+def _mismatches(row: Mapping[str, Any]) -> str | None:
+    """"50 NaN, 0 Inf mismatches" when the row's report has any: the histogram counts them above every
+    threshold, so its worst line ("50 > 100") would read as huge finite errors while max abs says 0."""
+    report = row.get("report")
+    if not isinstance(report, Mapping):
+        return None
+    nan, inf = int(report.get("nan_mismatch") or 0), int(report.get("inf_mismatch") or 0)
+    return f"{nan:,} NaN, {inf:,} Inf mismatches" if nan or inf else None
+
+
+def _cell(override: str | None, v: Any) -> str:
+    if override is not None:
+        return override
     if v is None:
         return "-"
     if isinstance(v, float):

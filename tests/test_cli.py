@@ -1,19 +1,24 @@
 """`python -m pytest_ortdiff`: merge (CI jobs' --ortdiff-json files into one table: text, markdown,
---strict, --output, bad files), compare (a saved model file, torch evaluator vs onnxruntime) and
-conformance (ONNX's node test suite through the evaluator: the table, exit status, unknown ops)."""
+--strict on failed checks and failed tests, --output, bad files and rows), compare (a saved model file,
+torch evaluator vs onnxruntime: its dtype, --ort-kernel, one-line errors for bad models and arguments),
+demo (pytest's arguments passed through) and conformance (ONNX's node test suite through the evaluator:
+the table, exit status, unknown ops)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from pytest_ortdiff import conformance, models
-from pytest_ortdiff.cli import main
+from pytest_ortdiff.cli import _model_dtype, main
 from pytest_ortdiff.conformance import CaseResult
 from pytest_ortdiff.providers import unavailable_reason
 
@@ -140,6 +145,89 @@ def test_merge_wrong_files_exit_2(tmp_path: Path, content: str | None, message: 
     assert out.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"results": [{"provider": "CPU", "outcome": "passed"}]}', "results[0] has no 'test' (a string)"),
+        ('{"results": [{"test": "t.py::a", "outcome": "passed"}, 3]}', "results[1] is not an object"),
+        ('{"results": {"test": "t.py::a"}}', "'results' is not a list"),
+        ('{"results": [], "tests": [{"test": "t.py::a", "outcome": "exploded"}]}', "tests[0] has outcome 'exploded'; valid: passed, failed, error, skipped, xfailed, xpassed"),
+        ('{"results": [], "tests": [{"outcome": "failed"}]}', "tests[0] has no 'test' (a string)"),
+        ('{"results": [], "skips": [7]}', "skips[0] is not an object"),
+    ],
+    ids=["row-without-test", "row-not-object", "results-not-list", "bad-outcome", "test-without-id", "bad-skip"],
+)
+def test_merge_malformed_rows_name_file_and_row(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(content)
+    out = cli("merge", str(path))
+    assert out.returncode == 2
+    assert out.stderr == f"error: {path}: {message}: is it a file written by --ortdiff-json?\n"
+    assert out.stdout == ""
+
+
+def _outcomes(path: Path, rows: list[dict], tests: list[dict]) -> Path:
+    path.write_text(json.dumps({"results": rows, "skips": [], "tests": tests}, indent=1))
+    return path
+
+
+def test_merge_old_and_new_files_strict_on_failed_tests(tmp_path: Path) -> None:
+    old = _write(tmp_path / "old.json", [_row("t.py::a[CPU-float32]", "float32", True)])  # no 'tests': still merges
+    new = _outcomes(
+        tmp_path / "new.json",
+        [_row("t.py::a[CPU-float16]", "float16", True)],
+        [
+            {"test": "t.py::a[CPU-float16]", "outcome": "passed", "provider": "CPU", "dtype": "float16"},
+            {"test": "t.py::b[CPU-float16]", "outcome": "failed", "provider": "CPU", "dtype": "float16", "message": "ValueError: bad feeds"},
+            {"test": "t.py::c", "outcome": "skipped"},
+        ],
+    )
+    out = cli("merge", str(old), str(new), "--label-from-file", "--strict")
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    assert lines[1:4] == [
+        "t.py::a[CPU-float16] (new)  CPU       float16  0.00015  5.57e-07  0 > 0.01 (0 %; allows 0 %)  passed",
+        "t.py::a[CPU-float32] (old)  CPU       float32  0.00015  5.57e-07  0 > 0.01 (0 %; allows 0 %)  passed",
+        "t.py::b[CPU-float16] (new)  CPU       float16  -        -         no check ran                failed",
+    ]
+    assert "2 check(s) from 2 file(s): 2 passed, 0 failed" in lines
+    assert "3 test(s): 1 passed, 1 failed, 0 error(s), 1 skipped" in lines
+    assert "failed: t.py::b[CPU-float16] (new): ValueError: bad feeds" in lines
+    assert cli("merge", str(old), str(new)).returncode == 0
+
+
+def test_merge_failed_test_whose_checks_passed_gets_its_own_row(tmp_path: Path) -> None:
+    job = _outcomes(
+        tmp_path / "job.json",
+        [_row("t.py::a[CPU-float32]", "float32", True), {**_row("t.py::a[CPU-float32]", "float32", True), "test": "t.py::a[CPU-float32] [baseline out]"}],
+        [{"test": "t.py::a[CPU-float32]", "outcome": "failed", "provider": "CPU", "dtype": "float32", "message": "assert 1 == 2"}],
+    )
+    out = cli("merge", str(job), "--strict")
+    assert out.returncode == 1
+    rows = [re.split(r"\s{2,}", line) for line in out.stdout.splitlines()[1:4]]
+    assert [(r[0], r[-2], r[-1]) for r in rows] == [
+        ("t.py::a[CPU-float32]", "0 > 0.01 (0 %; allows 0 %)", "passed"),
+        ("t.py::a[CPU-float32]", "its checks passed; the test failed", "failed"),
+        ("t.py::a[CPU-float32] [baseline out]", "0 > 0.01 (0 %; allows 0 %)", "passed"),
+    ]
+
+
+def test_merge_output_keeps_test_outcomes_and_merges_again(tmp_path: Path) -> None:
+    job = _outcomes(
+        tmp_path / "cpu.json",
+        [_row("t.py::a[CPU-float32]", "float32", True)],
+        [{"test": "t.py::b", "outcome": "error", "message": "RuntimeError: fixture broke"}],
+    )
+    merged = tmp_path / "merged.json"
+    assert cli("merge", str(job), "--label-from-file", "--output", str(merged)).returncode == 0
+    data = json.loads(merged.read_text())
+    assert [r["test"] for r in data["results"]] == ["t.py::a[CPU-float32] (cpu)"]  # no synthesized rows
+    assert data["tests"] == [{"test": "t.py::b (cpu)", "outcome": "error", "message": "RuntimeError: fixture broke"}]
+    again = cli("merge", str(merged), "--strict")
+    assert again.returncode == 1
+    assert "errored: t.py::b (cpu): RuntimeError: fixture broke" in again.stdout.splitlines()
+
+
 def test_no_command_is_a_usage_error() -> None:
     out = cli()
     assert out.returncode == 2
@@ -220,6 +308,164 @@ def test_compare_bad_input_is_a_clear_error(
     assert message in err
 
 
+def _one_node(path: Path, op: str, *, domain: str = "", **attrs: object) -> Path:
+    """A model of one float32 node X[a, 4] -> Y[a, 4]."""
+    node = helper.make_node(op, ["X"], ["Y"], domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["a", 4])], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["a", 4])]
+    )
+    opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "message"),
+    [
+        ("quickgelu", ["--dim", "a=2"], "error: no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead: --ort-kernel com.microsoft::QuickGelu\n"),
+        ("unknown-op", ["--dim", "a=2"], "error: {path} fails onnx.checker: No Op registered for Foo with domain_version of 18 (Bad node spec for node. Name: OpType: Foo)\n"),
+        ("bad-attribute", ["--dim", "a=2"], "error: {path} fails onnx.checker: Unrecognized attribute: bogus for operator Relu (Bad node spec for node. Name: OpType: Relu)\n"),
+        ("garbage", ["--dim", "a=2"], "error: cannot load {path!r}: not an ONNX model (Error parsing message with type 'onnx.ModelProto': Wire format was corrupt)\n"),
+        ("relu", ["--dim", "a=2", "--dim", "batch=3"], "error: --dim batch=3: the model has no symbolic dim 'batch'; its symbolic dims: a\n"),
+        ("relu", ["--dim", "a=0"], "error: --dim a=0: expected a positive integer, e.g. --dim a=2\n"),
+        ("relu", ["--dim", "a=2", "--ort-kernel", "Gelu"], "error: --ort-kernel Gelu: the model has no Gelu node; its ops: Relu\n"),
+        ("relu", ["--dim", "a=2", "--ort-kernel", "::"], "error: --ort-kernel '::': expected OP or DOMAIN::OP, e.g. --ort-kernel LayerNormalization or --ort-kernel com.microsoft::FusedMatMul\n"),
+    ],
+    ids=["missing-kernel", "unknown-op", "fails-checker", "not-onnx", "unknown-dim", "zero-dim", "kernel-not-in-model", "bad-kernel"],
+)
+def test_compare_bad_model_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: str, args: list[str], message: str
+) -> None:
+    path = tmp_path / f"{make}.onnx"
+    if make == "quickgelu":
+        _one_node(path, "QuickGelu", domain="com.microsoft", alpha=1.702)
+    elif make == "unknown-op":
+        _one_node(path, "Foo")
+    elif make == "bad-attribute":
+        _one_node(path, "Relu", bogus=1)
+    elif make == "garbage":
+        path.write_bytes(b"\x01\x02 not an onnx model")
+    else:
+        _one_node(path, "Relu")
+    rc = main(["compare", str(path), *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err == message.format(path=str(path))
+
+
+def test_compare_model_onnxruntime_rejects_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # onnx.checker (without shape inference) lets a mistyped output through; onnxruntime does not
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["X"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, [2, 4])],
+    )
+    path = tmp_path / "mistyped.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    assert main(["compare", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: onnxruntime cannot run {path}: [ONNXRuntimeError] : ")
+    assert "Type Error" in err
+    assert err.count("\n") == 1
+
+
+def test_compare_ort_kernel_runs_the_op_with_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _one_node(tmp_path / "quickgelu.onnx", "QuickGelu", domain="com.microsoft", alpha=1.702)
+    rc = main(["compare", str(path), "--dim", "a=2", "--ort-kernel", "com.microsoft::QuickGelu"])
+    out, err = capsys.readouterr()
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"{path}: torch evaluator vs onnxruntime CPU float32, dims {{'a': 2}}, seed 0; with onnxruntime: com.microsoft::QuickGelu"
+    assert lines[1] == "passed (atol=0.0001 rtol=0.0001)"
+    assert lines[2] == "output 'Y'  float32[2x4]  n=8"
+    assert "         0           0       0 %" in [line.rstrip() for line in lines]  # the same kernel on both sides
+
+
+def test_compare_judges_the_dtype_of_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a float16 embedding looked up by int64 ids: no floating input, yet a float16 model
+    table = numpy_helper.from_array(np.linspace(-1, 1, 64, dtype=np.float16).reshape(16, 4), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["emb"]), helper.make_node("Relu", ["emb"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["n", 4])],
+        initializer=[table],
+    )
+    path = tmp_path / "embedding.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    assert main(["compare", str(path), "--dim", "n=5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{path}: torch evaluator vs onnxruntime CPU float16, dims {{'n': 5}}, seed 0"
+    assert lines[1] == "passed (atol=0.01 rtol=0.01)"  # float16's default tolerance, not float32's
+    assert lines[2] == "output 'Y'  float16[5x4]  n=20"
+
+
+def test_model_dtype_order() -> None:
+
+    def model(inputs: list[int], outputs: list[int], init: np.ndarray | None = None) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [],
+            "g",
+            [helper.make_tensor_value_info(f"i{k}", t, [1]) for k, t in enumerate(inputs)],
+            [helper.make_tensor_value_info(f"o{k}", t, [1]) for k, t in enumerate(outputs)],
+            initializer=[numpy_helper.from_array(init, "w")] if init is not None else [],
+        )
+        return helper.make_model(graph)
+
+    assert _model_dtype(model([TensorProto.FLOAT], [TensorProto.INT64, TensorProto.BFLOAT16])) == "bfloat16"
+    assert _model_dtype(model([TensorProto.FLOAT], [TensorProto.INT64], np.zeros(2, np.float64))) == "float64"
+    assert _model_dtype(model([TensorProto.STRING, TensorProto.FLOAT16], [TensorProto.INT64])) == "float16"
+    assert _model_dtype(model([TensorProto.INT64], [TensorProto.BOOL])) == "float32"
+
+
+
+# -- demo ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "passed"),
+    [
+        (["demo", "-q"], ["-q"]),
+        (["demo", "-q", "-k", "float16", "-x"], ["-q", "-k", "float16", "-x"]),
+        (["demo", "--", "-q", "-x"], ["-q", "-x"]),
+        (["demo"], []),
+    ],
+    ids=["one-flag", "flags-and-values", "after-double-dash", "none"],
+)
+def test_demo_passes_its_arguments_to_pytest(monkeypatch: pytest.MonkeyPatch, argv: list[str], passed: list[str]) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "call", lambda args: calls.append(list(args)) or 0)
+    assert main(argv) == 0
+    (args,) = calls
+    assert args[:3] == [sys.executable, "-m", "pytest"]
+    assert args[3].endswith("test_layer_norm_matmul_add.py")
+    assert args[4:7] == ["--ort-providers=available", "--ort-dtypes=float32,float16", "--ortdiff-reports"]
+    assert args[7:] == passed
+
+
+def test_demo_runs_the_example_suite() -> None:
+    out = cli("demo", "-q", "-k", "CPU-float32")
+    assert out.returncode == 0, out.stdout + out.stderr
+    # pytest in a fresh interpreter: in-process it warned that pytest_ortdiff was imported before it
+    assert re.match(r"1 passed, \d+ deselected in ", out.stdout.splitlines()[-1]), out.stdout
+    assert " ortdiff reports " in out.stdout  # the demo's --ortdiff-reports
+
+
+def test_demo_help_says_it_needs_the_checkout(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "source checkout's examples/" in " ".join(capsys.readouterr().out.split())
+
+
+def test_unknown_arguments_of_other_commands_are_still_rejected(model_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(model_file), "-q"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: -q" in capsys.readouterr().err
+
+
 # -- conformance -------------------------------------------------------------------------------------
 
 
@@ -248,6 +494,21 @@ def test_conformance_unknown_op_is_a_usage_error(capsys: pytest.CaptureFixture[s
     out, err = capsys.readouterr()
     assert out == ""
     assert err == "error: no case matches --op Relux; Relux is not an op of the suite (did you mean Relu, PRelu, Selu?)\n"
+
+
+@pytest.mark.usefixtures("suite")
+def test_conformance_one_unknown_op_among_known_ones_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["conformance", "--op", "Relu", "--op", "Relux"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "error: no case matches --op Relux; Relux is not an op of the suite (did you mean Relu, PRelu, Selu?)\n"
+
+
+@pytest.mark.usefixtures("suite")
+def test_conformance_suggests_the_case_insensitive_match_first(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["conformance", "--op", "relu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no case matches --op relu; relu is not an op of the suite (did you mean Relu, ")
 
 
 def test_conformance_exits_1_on_a_wrong_case_unless_known(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ budget line."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -184,3 +185,21 @@ def test_all_mismatches_point_at_the_first_nan_inf_mismatch_not_at_a_max_abs() -
     # with a finite difference, the line is the usual one
     text = compare(e, torch.tensor([-math.inf, -20.5, 1.0], dtype=torch.float16)).render()
     assert "max abs   0.5        at (1): expected -20, got -20.5" in text
+
+
+def test_render_table_names_nan_inf_mismatches_instead_of_the_budget_line() -> None:
+    # 50 of 256 elements NaN where the reference is finite, one finite pair off by 0.25
+    e = torch.zeros(256)
+    g = e.clone()
+    g[:50] = math.nan
+    g[100] = 0.25
+    r = compare(e, g)
+    assert worst_budget_line(r, None) == "50 > 100 (19.53 %)"  # the histogram counts the mismatches too
+    row = {"test": "t.py::a", "provider": "CPU", "dtype": "float32", "max_abs": r.max_abs, "max_rel": r.max_rel, "worst": worst_budget_line(r, None), "outcome": "failed", "report": r.to_dict()}
+    lines = render_table([row]).splitlines()
+    assert re.split(r"\s{2,}", lines[1]) == ["t.py::a", "CPU", "float32", "0.25", "2.13e+37", "50 NaN, 0 Inf mismatches", "failed"]
+    inf = compare(torch.tensor([1.0, math.inf, 2.0]), torch.tensor([1.0, -math.inf, math.inf]))
+    row = {**row, "max_abs": inf.max_abs, "worst": worst_budget_line(inf, None), "report": inf.to_dict()}
+    assert "| 0 NaN, 2 Inf mismatches | failed |" in render_table([row], markdown=True)
+    # rows without a report (older files) or without mismatches keep their budget line
+    assert "| 50 > 100 (19.53 %) | failed |" in render_table([{**row, "worst": "50 > 100 (19.53 %)", "report": None}], markdown=True)

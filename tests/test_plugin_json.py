@@ -1,0 +1,260 @@
+"""The CI side of the pytest surface (pytester): --ortdiff-json records every test's outcome besides the
+check rows, is written even without checks (under xdist by the controller), is validated up front and
+written atomically; `merge --strict` fails on failed tests without checks. Also: marker dtypes and empty
+option values are usage errors, and NaN/Inf mismatches read as such in the summary table."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SEED_CHECK = """
+    model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+    feeds = models.random_feeds(model, dims={"a": 2, "b": 8, "c": 16}, seed=0, device=ortdiff.device)
+    ortdiff.check(model, feeds)
+"""
+
+# a job where only one test reaches its check: the others fail, error or skip before it, or have none
+MIXED = f"""
+import pytest
+from pytest_ortdiff import models
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture broke")
+
+def test_checked(ortdiff):
+{SEED_CHECK}
+def test_fails_before_check(ortdiff):
+    raise ValueError("bad feeds")
+{SEED_CHECK}
+def test_no_check():
+    assert 1 == 2
+
+def test_setup_error(ortdiff, broken):
+    pass
+
+def test_skipped(ortdiff):
+    pytest.skip("not today")
+"""
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_ortdiff", *args], capture_output=True, text=True, cwd=cwd, check=False)
+
+
+def _tests(path: Path) -> dict[str, dict]:
+    return {t["test"]: t for t in json.loads(path.read_text())["tests"]}
+
+
+def test_json_records_every_test_outcome(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mixed=MIXED)
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    result.assert_outcomes(passed=1, failed=2, errors=1, skipped=1)
+    data = json.loads((pytester.path / "job.json").read_text())
+    assert [r["test"] for r in data["results"]] == ["test_mixed.py::test_checked[CPU-float32]"]
+    assert _tests(pytester.path / "job.json") == {
+        "test_mixed.py::test_checked[CPU-float32]": {"test": "test_mixed.py::test_checked[CPU-float32]", "outcome": "passed", "provider": "CPU", "dtype": "float32"},
+        "test_mixed.py::test_fails_before_check[CPU-float32]": {
+            "test": "test_mixed.py::test_fails_before_check[CPU-float32]",
+            "outcome": "failed",
+            "provider": "CPU",
+            "dtype": "float32",
+            "message": "ValueError: bad feeds",
+        },
+        "test_mixed.py::test_no_check": {"test": "test_mixed.py::test_no_check", "outcome": "failed", "message": "assert 1 == 2"},
+        "test_mixed.py::test_setup_error[CPU-float32]": {
+            "test": "test_mixed.py::test_setup_error[CPU-float32]",
+            "outcome": "error",
+            "provider": "CPU",
+            "dtype": "float32",
+            "message": "RuntimeError: fixture broke",
+        },
+        "test_mixed.py::test_skipped[CPU-float32]": {"test": "test_mixed.py::test_skipped[CPU-float32]", "outcome": "skipped", "provider": "CPU", "dtype": "float32"},
+    }
+
+
+def test_merge_strict_fails_on_tests_that_failed_without_a_check(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mixed=MIXED)
+    pytester.runpytest("--ortdiff-json=job.json")
+    out = cli("merge", "job.json", "--strict", cwd=pytester.path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "1 check(s) from 1 file(s): 1 passed, 0 failed" in lines
+    assert "5 test(s): 1 passed, 2 failed, 1 error(s), 1 skipped" in lines
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line) for line in lines[1:5])}
+    assert rows["test_mixed.py::test_checked[CPU-float32]"][-1] == "passed"
+    assert rows["test_mixed.py::test_fails_before_check[CPU-float32]"] == ["CPU", "float32", "-", "-", "no check ran", "failed"]
+    assert rows["test_mixed.py::test_no_check"] == ["-", "-", "-", "-", "no check ran", "failed"]
+    assert rows["test_mixed.py::test_setup_error[CPU-float32]"] == ["CPU", "float32", "-", "-", "no check ran", "error"]
+    assert "failed: test_mixed.py::test_fails_before_check[CPU-float32]: ValueError: bad feeds" in lines
+    assert "errored: test_mixed.py::test_setup_error[CPU-float32]: RuntimeError: fixture broke" in lines
+    markdown = cli("merge", "job.json", "--markdown", cwd=pytester.path)
+    assert markdown.returncode == 0  # reported, not an error, without --strict
+    assert "| test_mixed.py::test_no_check | - | - | - | - | no check ran | failed |" in markdown.stdout.splitlines()
+
+
+def test_json_is_written_when_no_check_ran(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain="def test_a():\n    assert False\n\ndef test_b():\n    pass\n")
+    result = pytester.runpytest("--ortdiff-json=jobs/job.json")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["ortdiff: wrote 0 result(s) to jobs*job.json"])
+    data = json.loads((pytester.path / "jobs" / "job.json").read_text())
+    assert data["results"] == [] and data["skips"] == []
+    assert [(t["test"], t["outcome"]) for t in data["tests"]] == [("test_plain.py::test_a", "failed"), ("test_plain.py::test_b", "passed")]
+    out = cli("merge", "jobs/job.json", "--strict", cwd=pytester.path)
+    assert out.returncode == 1
+    assert "2 test(s): 1 passed, 1 failed, 0 error(s), 0 skipped" in out.stdout.splitlines()
+
+
+def test_json_records_a_collection_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_ok="def test_a():\n    pass\n", test_broken="import no_such_module_here\n")
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    tests = _tests(pytester.path / "job.json")
+    assert tests["test_broken.py"]["outcome"] == "error"
+    assert "No module named 'no_such_module_here'" in tests["test_broken.py"]["message"]
+    out = cli("merge", "job.json", "--strict", cwd=pytester.path)
+    assert out.returncode == 1
+    assert re.split(r"\s{2,}", out.stdout.splitlines()[1]) == ["test_broken.py", "-", "-", "-", "-", "no check ran", "error"]
+
+
+def test_json_under_xdist_is_written_by_the_controller(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_mixed=MIXED)
+    result = pytester.runpytest("-n", "2", "-p", "xdist", "--ortdiff-json=job.json")
+    result.assert_outcomes(passed=1, failed=2, errors=1, skipped=1)
+    result.stdout.fnmatch_lines(["ortdiff: wrote 1 result(s) to job.json"])
+    tests = _tests(pytester.path / "job.json")
+    assert {k: v["outcome"] for k, v in tests.items()} == {
+        "test_mixed.py::test_checked[CPU-float32]": "passed",
+        "test_mixed.py::test_fails_before_check[CPU-float32]": "failed",
+        "test_mixed.py::test_no_check": "failed",
+        "test_mixed.py::test_setup_error[CPU-float32]": "error",
+        "test_mixed.py::test_skipped[CPU-float32]": "skipped",
+    }
+    assert tests["test_mixed.py::test_fails_before_check[CPU-float32]"]["provider"] == "CPU"
+    assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith("job")) == ["job.json"]
+
+
+def test_json_xfail_and_teardown_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+
+        @pytest.fixture
+        def bad_teardown():
+            yield
+            raise RuntimeError("teardown broke")
+
+        @pytest.mark.xfail(reason="known")
+        def test_xfail():
+            assert False
+
+        def test_teardown(bad_teardown):
+            pass
+        """
+    )
+    pytester.runpytest("--ortdiff-json=job.json")
+    tests = _tests(pytester.path / "job.json")
+    assert tests["test_x.py::test_xfail"]["outcome"] == "xfailed"
+    assert tests["test_x.py::test_teardown"]["outcome"] == "error"
+    assert tests["test_x.py::test_teardown"]["message"] == "RuntimeError: teardown broke"
+
+
+@pytest.mark.parametrize(
+    ("make", "arg", "message"),
+    [
+        ("dir", "jobs", "*--ortdiff-json=jobs: jobs is a directory; give a file path such as jobs/job.json*"),
+        ("file", "jobs/job.json", "*--ortdiff-json=jobs/job.json: jobs is a file, not a directory*"),
+    ],
+    ids=["existing-directory", "parent-is-a-file"],
+)
+def test_bad_json_path_is_a_usage_error_before_any_test_runs(pytester: pytest.Pytester, make: str, arg: str, message: str) -> None:
+    if make == "dir":
+        (pytester.path / "jobs").mkdir()
+    else:
+        (pytester.path / "jobs").write_text("not a directory")
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    result = pytester.runpytest(f"--ortdiff-json={arg}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+    assert "passed" not in result.stdout.str()
+    assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith("jobs")) == ["jobs"]
+
+
+def test_json_write_failure_is_reported_and_leaves_no_tmp(pytester: pytest.Pytester) -> None:
+    # the target turns into a directory during the run: the write fails, says so, and fails the run
+    pytester.makepyfile(test_a="import os\n\ndef test_a():\n    os.mkdir('job.json')\n")
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(["ortdiff: could not write job.json: *"])
+    assert (pytester.path / "job.json").is_dir()
+    assert [p.name for p in pytester.path.rglob("*.tmp")] == []
+
+
+def test_json_rewrite_keeps_no_tmp(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    (pytester.path / "job.json").write_text("old")
+    pytester.runpytest("--ortdiff-json=job.json").assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "job.json").read_text())["tests"][0]["outcome"] == "passed"
+    assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith("job")) == ["job.json"]
+
+
+# -- marker dtypes and empty option values ------------------------------------------------------------
+
+
+def test_marker_integer_dtype_is_a_collection_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bad="import pytest\n\n@pytest.mark.ortdiff(dtypes=['int32'])\ndef test_a(ortdiff):\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.ortdiff on test_bad.py::test_a: int32 is not a floating dtype to test; valid: float32, float16, bfloat16, float64*"])
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("--ort-dtypes=", "*--ort-dtypes is empty; give e.g. float32,float16*"),
+        ("--ort-dtypes=,", "*--ort-dtypes is empty; give e.g. float32,float16*"),
+        ("--ort-providers=", "*--ort-providers is empty; give e.g. CPU,CUDA*"),
+    ],
+)
+def test_empty_option_is_a_usage_error(pytester: pytest.Pytester, arg: str, message: str) -> None:
+    pytester.makepyfile("def test_a(ortdiff):\n    pass\n")
+    result = pytester.runpytest(arg)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+# -- NaN/Inf mismatches in the summary ----------------------------------------------------------------
+
+
+def test_summary_names_nan_mismatches(pytester: pytest.Pytester) -> None:
+    # a baseline of finite values, then a run whose outputs are NaN in 50 of 256 places
+    pytester.makepyfile(
+        test_nan="""
+        import os
+        import torch
+
+        def test_a(ortdiff):
+            x = torch.zeros(256)
+            x[100] = 0.5
+            if os.path.exists("nan_mode"):
+                x[:50] = float("nan")
+                x[100] = 0.25
+            ortdiff.check_baseline("out", x)
+        """
+    )
+    pytester.runpytest("--ortdiff-update-baselines").assert_outcomes(passed=1)
+    (pytester.path / "nan_mode").write_text("")
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["test_nan.py::test_a[[]CPU-float32[]] [[]baseline out[]]  CPU * float32  0.25 * 50 NaN, 0 Inf mismatches  failed"])
+    out = cli("merge", "job.json", cwd=pytester.path)
+    assert "50 NaN, 0 Inf mismatches" in out.stdout
