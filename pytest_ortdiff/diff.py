@@ -1,9 +1,11 @@
 """DiffReport: the histogram diff of two tensors (or nested structures of them).
 
 CUDA (any non-CPU) tensors are compared on their device, the whole tensor at once, with torch. CPU
-tensors go through numpy in chunks that stay in cache, on worker threads, with the work per chunk cut
-to what the chunk needs (see "CPU: numpy over chunks"). Both paths give the same numbers (mean_abs up
-to summation order): |e - g| in the work dtype, every comparison and ratio as if in float64.
+float16/bfloat16/float32 tensors go through the C extension `_fastdiff` (one fused sweep per
+cache-sized block, on worker threads; see "CPU: the fused pass") when it was built; the other CPU
+tensors, and every tensor when it was not, go through numpy in chunks that stay in cache (see "CPU:
+numpy over chunks"). All paths give the same numbers (mean_abs up to summation order): |e - g| in
+the work dtype, every comparison and ratio as if in float64.
 """
 
 from __future__ import annotations
@@ -32,6 +34,23 @@ DEFAULT_THRESHOLDS: tuple[float, ...] = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1,
 _CHUNK = 8 * 32000
 # tests only: take the whole-tensor torch path (the one CUDA tensors take) on CPU too
 _FORCE_TORCH = False
+
+# The fused C pass; None when the extension was not built (no C compiler at install time) or is
+# turned off with PYTEST_ORTDIFF_NO_EXTENSION=1: the numpy path then does the same work, slower.
+_fastdiff: Any
+try:
+    if os.environ.get("PYTEST_ORTDIFF_NO_EXTENSION", "") not in ("", "0"):
+        raise ImportError("turned off by PYTEST_ORTDIFF_NO_EXTENSION")
+    from . import _fastdiff
+except ImportError:
+    _fastdiff = None
+# tests only: elements per block of the fused pass (None: the extension's own, _fastdiff.BLOCK)
+_FUSED_BLOCK: int | None = None
+
+
+def fused_pass_available() -> bool:
+    """True when CPU float16/bfloat16/float32 comparisons use the compiled fused pass."""
+    return _fastdiff is not None
 
 
 class ShapeMismatchError(ValueError):
@@ -418,7 +437,8 @@ class _Stats:
         self.oot += other.oot
 
     def see_max(self, m: float, index: int) -> None:
-        if m > self.max_abs:
+        # ties go to the first index: blocks left to numpy by the fused pass arrive out of order
+        if m > self.max_abs or (m == self.max_abs and index < self.argmax):
             self.max_abs = m
             self.argmax = index
 
@@ -516,7 +536,45 @@ if hasattr(os, "register_at_fork"):
 
 
 def _cpu_range(ef: torch.Tensor, gf: torch.Tensor, lo: int, hi: int, chunk: int, st: _Stats) -> None:
-    """Elements [lo, hi) of the flat tensors, chunk by chunk, into `st` (indices stay global)."""
+    """Elements [lo, hi) of the flat tensors into `st` (indices stay global)."""
+    kind = _FUSED_KIND.get(st.dt)
+    if kind is None or _fastdiff is None:
+        _numpy_range(ef, gf, lo, hi, chunk, st)
+        return
+    # The fused pass, then numpy on the blocks it left (those holding a non-finite difference),
+    # coalesced into ranges.
+    block = _FUSED_BLOCK or _fastdiff.BLOCK
+    bits = _BITS[st.dt]
+    counts = np.zeros(len(st.thr), np.int64)
+    out = np.empty(6, np.float64)
+    starts = np.empty(-(-(hi - lo) // block), np.int64)
+    tol = None if st.tol is None else (st.tol[0], st.tol[1], float(st.atol_work))
+    e_bits, g_bits = ef.view(bits).numpy(), gf.view(bits).numpy()
+    thr = np.asarray(st.thr_work, np.float32)
+    n_left = _fastdiff.fused(kind, e_bits, g_bits, lo, hi, thr, counts, tol, st.tiny, out, starts, block)
+    st.counts = [a + int(b) for a, b in zip(st.counts, counts, strict=True)]
+    sum_abs, max_abs, argmax, max_rel, max_ulp, oot = out.tolist()
+    st.sum_abs += sum_abs
+    if max_abs >= 0:
+        st.see_max(max_abs, int(argmax))
+    st.max_rel = max(st.max_rel, max_rel)
+    st.max_ulp = max(st.max_ulp, max_ulp)
+    st.oot += int(oot)
+    i = 0
+    while i < n_left:
+        a = int(starts[i])
+        j = i + 1
+        while j < n_left and starts[j] == starts[j - 1] + block:
+            j += 1
+        _numpy_range(ef, gf, a, min(hi, int(starts[j - 1]) + block), chunk, st)
+        i = j
+
+
+_FUSED_KIND = {DType.FLOAT32: 0, DType.FLOAT16: 1, DType.BFLOAT16: 2}
+
+
+def _numpy_range(ef: torch.Tensor, gf: torch.Tensor, lo: int, hi: int, chunk: int, st: _Stats) -> None:
+    """Elements [lo, hi) of the flat tensors, chunk by chunk with numpy, into `st`."""
     chunk = max(1, min(chunk, hi - lo))
     with np.errstate(all="ignore"):
         if not st.floating:
@@ -604,7 +662,7 @@ def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m
     if s == math.inf:
         s = float(np.add.reduce(d, dtype=np.float64))
     st.sum_abs += s
-    if m > st.max_abs:
+    if m >= st.max_abs:  # a tie may sit before the argmax so far (see see_max)
         st.see_max(m, start + int(d.argmax()))
     if m == 0:  # identical chunk: nothing else to count
         return

@@ -232,20 +232,24 @@ threshold_sets = st.just(DEFAULT_THRESHOLDS) | st.lists(
 
 @contextlib.contextmanager
 def path(name: str) -> Iterator[None]:
-    """Run compare() on one code path: "chunked" (the CPU path as shipped), "tiny-chunks" (the CPU
-    path with 4-element chunks) or "torch" (the whole-tensor path that CUDA tensors take)."""
-    old = diff._CHUNK, diff._FORCE_TORCH
+    """Run compare() on one code path: "chunked" (the CPU path as shipped: the fused C pass when
+    built), "tiny-chunks" (the same with 4-element worker ranges and 5-element fused blocks: block
+    tails, several blocks, numpy on the blocks left to it), "numpy" (the numpy path, 4-element
+    chunks) or "torch" (the whole-tensor path that CUDA tensors take)."""
+    old = diff._CHUNK, diff._FORCE_TORCH, diff._fastdiff, diff._FUSED_BLOCK
     try:
         if name == "tiny-chunks":
-            diff._CHUNK = 4
+            diff._CHUNK, diff._FUSED_BLOCK = 4, 5
+        elif name == "numpy":
+            diff._CHUNK, diff._fastdiff = 4, None
         elif name == "torch":
             diff._FORCE_TORCH = True
         yield
     finally:
-        diff._CHUNK, diff._FORCE_TORCH = old
+        diff._CHUNK, diff._FORCE_TORCH, diff._fastdiff, diff._FUSED_BLOCK = old
 
 
-PATHS = ("chunked", "tiny-chunks", "torch")
+PATHS = ("chunked", "tiny-chunks", "numpy", "torch")
 
 
 # ------------------------------------------------------------------------------------------------
