@@ -17,7 +17,9 @@ torch.testing.assert_close on both pairs (ratio < 1), and within 10x of the bare
 
     python benchmarks/bench_diff.py [--quick] [--repeat N]
 
-Ratios, not seconds, are what to compare between machines; no test asserts on them.
+Ratios, not seconds, are what to compare between machines; no test asserts on them. The first line
+says whether CPU compares ran the fused C pass; `PYTEST_ORTDIFF_NO_EXTENSION=1 python
+benchmarks/bench_diff.py` measures the numpy path instead.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from pytest_ortdiff import compare
+from pytest_ortdiff.diff import fused_pass_available
 
 SHAPES = [((2, 1024, 1152), torch.float32), ((32, 1024, 1152), torch.float16)]
 
@@ -92,7 +95,8 @@ def main() -> None:
     args = ap.parse_args()
     repeat = args.repeat or (3 if args.quick else 7)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"torch {torch.__version__}, numpy {np.__version__}, torch threads {torch.get_num_threads()}, median of {repeat}")
+    fused = "on" if fused_pass_available() else "off (extension not built, or PYTEST_ORTDIFF_NO_EXTENSION=1): numpy path"
+    print(f"torch {torch.__version__}, numpy {np.__version__}, torch threads {torch.get_num_threads()}, median of {repeat}; fused C pass {fused}")
     rows = [bench(shape, dtype, device, repeat) for device in devices for shape, dtype in SHAPES]
 
     def ms(x: object) -> str:

@@ -3,9 +3,10 @@
 The reference (`reference()` below) shares no code with pytest_ortdiff.diff: it computes |e - g| in the
 work dtype (float32 for float16/bfloat16/float32, float64 for float64 and 32/64-bit ints), then every
 comparison in float64, NaN/Inf rules with explicit masks and ULP distances with Python integers.
-The implementation is run three ways against it: its CPU chunked path with the real chunk size, the
-same path with tiny chunks (so that every chunk boundary, the fast path and the special-value path
-meet in one tensor), and the device-agnostic torch path that CUDA tensors take. Everything but
+The implementation is run four ways against it: its CPU path as shipped (the fused C pass when it was
+built), the same with tiny worker ranges and fused blocks (so that every block boundary, the fast path
+and the special-value path meet in one tensor), the numpy path in tiny chunks, and the
+device-agnostic torch path that CUDA tensors take. Everything but
 mean_abs (summation order) must agree exactly, max_rel included: both sides divide the same float64
 numbers.
 """
@@ -378,6 +379,121 @@ def test_concurrent_compares_share_the_worker_pool() -> None:
     with ThreadPoolExecutor(4) as ex:
         together = list(ex.map(lambda p: compare(*p, tolerance=(1e-3, 1e-3)).to_dict(), tensors))
     assert together == alone
+
+
+# ------------------------------------------------------------------------------------------------
+# the fused C pass (pytest_ortdiff/_fastdiff.c)
+
+needs_fused = pytest.mark.skipif(not diff.fused_pass_available(), reason="the _fastdiff extension was not built (no C compiler at install time)")
+
+
+def test_fused_pass_is_built_where_ci_runs() -> None:
+    """CI installs with a C compiler at hand: there the fused pass must be what users get."""
+    if not os.environ.get("CI"):
+        pytest.skip("checked in CI only: a machine without a C compiler takes the numpy path")
+    assert diff.fused_pass_available()
+
+
+def test_fused_pass_can_be_turned_off() -> None:
+    import subprocess
+    import sys
+
+    code = "from pytest_ortdiff import diff; print(diff.fused_pass_available())"
+    env = {**os.environ, "PYTEST_ORTDIFF_NO_EXTENSION": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def _with_specials(kind: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """_perturbed plus what the fused pass hands back to numpy or must get exactly right: NaN/Inf in
+    a few blocks, -0 vs +0, opposite signs, subnormals, and (float32) a difference that overflows."""
+    e, g = _perturbed(kind, n, seed)
+    rng = np.random.default_rng(seed + 100)
+    idx = rng.choice(n, 12, replace=False)
+    g[idx[0]] = np.nan
+    e[idx[1]] = np.inf
+    e[idx[2]] = g[idx[2]] = -np.inf
+    e[idx[3]], g[idx[3]] = 0.0, -0.0
+    e[idx[4]], g[idx[4]] = 1.5, -1.5
+    tiny = float(np.finfo(np.float16).smallest_subnormal) if kind == "float16" else 2.0**-140
+    e[idx[5]], g[idx[5]] = tiny, 3 * tiny
+    e[idx[6]], g[idx[6]] = -tiny, tiny
+    if kind == "float32":
+        e[idx[7]], g[idx[7]] = 3e38, -3e38
+    if kind == "bfloat16":
+        e, g = bf16_round(e), bf16_round(g)
+    return e, g
+
+
+@needs_fused
+@pytest.mark.parametrize("kind", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("block", [None, 4096, 1000, 17])
+def test_fused_pass_matches_reference_with_special_values(kind: str, block: int | None) -> None:
+    n = 5 * 4096 + 77  # several blocks and a short last one
+    e, g = _with_specials(kind, n, seed=3)
+    tol = (1e-3, 1e-2)
+    ref = reference(e, g, kind, DEFAULT_THRESHOLDS, tol)
+    old = diff._FUSED_BLOCK
+    try:
+        diff._FUSED_BLOCK = block
+        r = compare(to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
+    finally:
+        diff._FUSED_BLOCK = old
+    assert_matches(r, ref, e.shape)
+    with path("numpy"):
+        r_numpy = compare(to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
+    assert r.mean_abs == pytest.approx(r_numpy.mean_abs, rel=1e-6)
+    a, b = r.to_dict(), r_numpy.to_dict()
+    a.pop("mean_abs")
+    b.pop("mean_abs")
+    assert a == b
+
+
+@needs_fused
+def test_fused_argmax_tie_with_an_earlier_block_left_to_numpy() -> None:
+    """The block holding a NaN is done by numpy after the fused blocks: an equal max before the
+    fused pass's argmax must still win (the first occurrence is reported)."""
+    n = 3 * 4096
+    e = np.zeros(n, np.float32)
+    g = np.zeros(n, np.float32)
+    g[5000] = np.nan  # block 1 -> numpy
+    g[4100] = 2.0  # block 1, the first occurrence of the max
+    g[9000] = 2.0  # block 2, fused
+    r = compare(torch.from_numpy(e), torch.from_numpy(g))
+    assert r.argmax == (4100,)
+    assert r.nan_mismatch == 1
+    assert r.counts[1.0] == 3
+
+
+@needs_fused
+def test_fused_float16_subnormals_and_large_values_are_exact() -> None:
+    """Every float16 bit pattern against its neighbour: the C cast of subnormals, the largest
+    finite values and the ULP distances across zero."""
+    bits = np.arange(0, 0x10000, dtype=np.uint16)
+    e = bits.view(np.float16)
+    finite = np.isfinite(e)
+    e = e[finite]
+    g = np.roll(e, 1)
+    ref = reference(e, g, "float16", DEFAULT_THRESHOLDS, (1e-5, 1e-3))
+    r = compare(torch.from_numpy(e), torch.from_numpy(g), tolerance=(1e-5, 1e-3))
+    assert_matches(r, ref, e.shape)
+
+
+@needs_fused
+def test_fused_rejects_bad_arguments() -> None:
+    fd = diff._fastdiff
+    e = np.zeros(8, np.uint16)
+    thr = np.zeros(1, np.float32)
+    counts = np.zeros(1, np.int64)
+    out = np.zeros(6)
+    starts = np.zeros(8, np.int64)
+    with pytest.raises(ValueError, match="block must be in"):
+        fd.fused(1, e, e, 0, 8, thr, counts, None, 1.0, out, starts, 0)
+    with pytest.raises(ValueError, match="too small"):
+        fd.fused(1, e, e, 0, 9, thr, counts, None, 1.0, out, starts)
+    with pytest.raises(ValueError, match="kind"):
+        fd.fused(3, e, e, 0, 8, thr, counts, None, 1.0, out, starts)
+    assert fd.fused(1, e, e, 0, 8, thr, counts, None, 1.0, out, starts) == 0
 
 
 def test_non_contiguous_and_numpy_inputs() -> None:
