@@ -28,8 +28,12 @@
 #if !defined(__GNUC__)
 #error "the fused pass needs GCC or clang vector extensions; without them diff.py takes its numpy path"
 #endif
+#if defined(__FAST_MATH__)
+#error "-ffast-math would drop the NaN/Inf tests and reorder the float64 tolerance; build without it"
+#endif
 /* clones only when the base target lacks AVX-512 (GCC 12 fails on a v3 clone under -march=x86-64-v4) */
-#if !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && __GNUC__ >= 12 && !defined(__AVX512F__)
+#if !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && __GNUC__ >= 12 && \
+    !defined(__AVX512F__) /* (ifunc: glibc only, not musl) */
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CLONES
@@ -114,7 +118,7 @@ INLINE vf vabs(vf x) { return (vf)((vi)x & 0x7fffffff); }
 
 INLINE vf vhalf_to_float(vi h) {
     vi em = h & 0x7fff;
-    vi sign = (h & 0x8000) << 16;
+    vi sign = (vi)((vu)(h & 0x8000) << 16); /* shifts into the sign bit: unsigned */
     vi sub = (vi)(__builtin_convertvector(em, vf) * 0x1p-24f);
     vi normal = (em << 13) + (112 << 23);
     vi special = (em << 13) | 0x7f800000;
@@ -149,6 +153,7 @@ INLINE void pass1_step(Lanes *s, float *ef, float *db, vf e, vf g, vu u) {
     s->bad |= ~(d <= splat(FLT_MAX));
     s->mx = sel_f(d > s->mx, d, s->mx);
     s->sm += d;
+    u = (vu)((vi)(d > splat(0.0f)) & (vi)u); /* only pairs that differ (under FTZ/DAZ d can be 0) */
     s->um = (vu)sel_i(u > s->um, (vi)u, (vi)s->um);
 }
 
@@ -160,6 +165,7 @@ INLINE void tail_step(Lanes *s, float *ef, float *db, float e, float g, uint32_t
     s->bad[0] |= !(d <= FLT_MAX);
     s->mx[0] = d > s->mx[0] ? d : s->mx[0];
     s->sm[0] += d;
+    u = d > 0.0f ? u : 0;
     s->um[0] = u > s->um[0] ? u : s->um[0];
 }
 
@@ -306,7 +312,7 @@ CLONES static void run_bf16(Acc *acc, const void *e, const void *g, Py_ssize_t l
     const uint16_t *eh = (const uint16_t *)e, *gh = (const uint16_t *)g;
     BLOCK_LOOP(
         vi he = load_h(eh + k); vi hg = load_h(gh + k);
-        pass1_step(&s, ef + i, db + i, (vf)(he << 16), (vf)(hg << 16), vdistance(vordered16(he), vordered16(hg))),
+        pass1_step(&s, ef + i, db + i, (vf)((vu)he << 16), (vf)((vu)hg << 16), vdistance(vordered16(he), vordered16(hg))),
         tail_step(&s, ef + i, db + i, bits_to_float((uint32_t)eh[k] << 16), bits_to_float((uint32_t)gh[k] << 16),
                   distance(ordered16(eh[k]), ordered16(gh[k]))))
 }
@@ -338,13 +344,14 @@ static PyObject *fused(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "block must be in [1, %d], got %zd", BLOCK, block);
         goto done;
     }
-    Py_ssize_t nblocks = hi > lo ? (hi - lo + block - 1) / block : 0;
+    Py_ssize_t nblocks = hi > lo ? (hi - lo) / block + ((hi - lo) % block != 0) : 0;
     if (kind < 0 || kind > 2) {
         PyErr_Format(PyExc_ValueError, "kind must be 0, 1 or 2, got %d", kind);
         goto done;
     }
-    if (lo < 0 || hi < lo || e.len < hi * width || g.len < hi * width || counts.len < nthr * 8 ||
-        out.len < 6 * 8 || exact.len < nblocks * 8) {
+    /* (divisions, not products: a huge hi must not wrap around) */
+    if (lo < 0 || hi < lo || hi > e.len / width || hi > g.len / width || counts.len / 8 < nthr ||
+        out.len < 6 * 8 || exact.len / 8 < nblocks) {
         PyErr_SetString(PyExc_ValueError, "fused: a buffer is too small for [lo, hi)");
         goto done;
     }
@@ -356,6 +363,10 @@ static PyObject *fused(PyObject *self, PyObject *args) {
     acc.exact = (int64_t *)exact.buf;
     if (tol != Py_None) {
         double atol_work;
+        if (!PyTuple_Check(tol)) {
+            PyErr_SetString(PyExc_TypeError, "tol must be None or a tuple (atol, rtol, atol_work)");
+            goto done;
+        }
         if (!PyArg_ParseTuple(tol, "ddd", &acc.atol, &acc.rtol, &atol_work)) goto done;
         acc.has_tol = 1;
         acc.atol_work = (float)atol_work;

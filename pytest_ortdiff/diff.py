@@ -331,6 +331,8 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
     gf = g.reshape(-1)
     if ef.numel():
         if e.device.type == "cpu" and not _FORCE_TORCH:
+            # (reshape keeps a strided view where it can, e.g. of x[::2]: the passes need flat memory)
+            ef, gf = ef.contiguous(), gf.contiguous()
             _cpu_pass(ef, gf, stats)
         else:
             _torch_pass(ef, gf, stats)

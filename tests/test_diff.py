@@ -493,7 +493,45 @@ def test_fused_rejects_bad_arguments() -> None:
         fd.fused(1, e, e, 0, 9, thr, counts, None, 1.0, out, starts)
     with pytest.raises(ValueError, match="kind"):
         fd.fused(3, e, e, 0, 8, thr, counts, None, 1.0, out, starts)
+    with pytest.raises(ValueError, match="too small"):  # hi * 2 would wrap around
+        fd.fused(1, e, e, 0, 2**63 - 1, thr, counts, None, 1.0, out, starts)
+    with pytest.raises(ValueError, match="too small"):
+        fd.fused(0, e, e, 2**62, 2**62 + 1, thr, counts, None, 1.0, out, starts)
+    with pytest.raises(TypeError, match="tol must be"):
+        fd.fused(1, e, e, 0, 8, thr, counts, [0.0, 0.0, 0.0], 1.0, out, starts)
     assert fd.fused(1, e, e, 0, 8, thr, counts, None, 1.0, out, starts) == 0
+
+
+@pytest.mark.parametrize("code_path", PATHS)
+@pytest.mark.parametrize("kind", ["float16", "float32"])
+def test_strided_views_that_reshape_does_not_copy(kind: str, code_path: str) -> None:
+    """x[::2], x[:, 0] and expanded tensors flatten to strided views (no copy): still compared."""
+    dt = {"float16": torch.float16, "float32": torch.float32}[kind]
+    e = torch.arange(40, dtype=dt).reshape(20, 2)
+    g = e.clone()
+    g[4, 0] += 1
+    with path(code_path):
+        assert compare(e[::2], g[::2]).argmax == (2, 0)
+        r = compare(e[:, 0], g[:, 0])
+        assert (r.argmax, r.counts[0.0], r.n) == ((4,), 1, 20)
+        ones = torch.ones(1, dtype=dt)
+        r = compare(ones.expand(10), (ones * 2).expand(10))
+        assert (r.max_abs, r.counts[0.0]) == (1.0, 10)
+
+
+@needs_fused
+def test_fused_ulp_counts_only_pairs_that_differ_under_flush_denormal() -> None:
+    """With denormals flushed, a float32 subnormal pair has d == 0: its ULP distance is not counted."""
+    e = np.zeros(64, np.float32)
+    g = np.zeros(64, np.float32)
+    e[3], g[3] = 2.0**-140, 3 * 2.0**-140
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        r = compare(torch.from_numpy(e), torch.from_numpy(g))
+    finally:
+        torch.set_flush_denormal(False)
+    assert (r.max_abs, r.max_ulp, r.counts[0.0]) == (0.0, 0.0, 0)
 
 
 def test_non_contiguous_and_numpy_inputs() -> None:
