@@ -32,7 +32,19 @@ class Expand(Kernel):
     """Bidirectional broadcasting: a 1 in `shape` keeps the input's dim. The result is a view."""
 
     def run(self, x: torch.Tensor, shape: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (x.expand(torch.broadcast_shapes(x.shape, tuple(shape.tolist()))),)
+        return (x.expand(_broadcast(tuple(x.shape), tuple(shape.tolist()))),)
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy's broadcast of two shapes (torch.broadcast_shapes imports sympy on first use: 0.5 s)."""
+    n = max(len(a), len(b))
+    a2, b2 = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a2, b2, strict=True):
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"Expand: shape {list(b)} does not broadcast with the input's shape {list(a)}")
+        out.append(y if x == 1 else x)
+    return tuple(out)
 
 
 @kernel("Flatten", since=1)
