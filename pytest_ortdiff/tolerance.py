@@ -69,8 +69,9 @@ class Tolerance:
         return self.atol is None and self.rtol is None and self.max_ulp is None and self.budget is None
 
     def for_dtype(self, dtype: Any) -> Tolerance:
-        """Concrete numbers for one dtype: per-dtype dicts resolved, defaults filled in. Integer and
-        bool dtypes compare exactly: atol = rtol = 0, whatever the rules stated for floats."""
+        """Concrete numbers for one dtype: per-dtype dicts resolved, defaults filled in (also for a
+        dtype that per-dtype dicts leave without any rule). Integer and bool dtypes compare exactly:
+        atol = rtol = 0, whatever the rules stated for floats."""
         dt = dtype_of(dtype)
         if not dt.is_floating_point:
             return Tolerance(atol=0.0, rtol=0.0, dtype=dt.short)
@@ -85,7 +86,12 @@ class Tolerance:
         budget = self.budget
         if budget is not None and _is_per_dtype(budget):
             budget = _pick(budget, dt)  # type: ignore[arg-type]
-        return Tolerance(atol=atol, rtol=rtol, max_ulp=_pick(self.max_ulp, dt), budget=budget, dtype=dt.short)
+        max_ulp = _pick(self.max_ulp, dt)
+        if atol is None and rtol is None and max_ulp is None and budget is None:
+            # per-dtype rules that name other dtypes only: this one keeps its defaults (no rule at
+            # all would let any error pass)
+            return Tolerance(atol=dt.default_atol, rtol=dt.default_rtol, dtype=dt.short)
+        return Tolerance(atol=atol, rtol=rtol, max_ulp=max_ulp, budget=budget, dtype=dt.short)
 
     @property
     def allclose(self) -> tuple[float, float] | None:

@@ -374,3 +374,16 @@ def test_budget_at_or_above_the_actual_share_passes(data: tuple[np.ndarray, np.n
         if report.counts[t]:
             below = report.counts[t] - 1
             assert Tolerance(budget={t: below / n}).check(report), f"{below}/{n} must not allow {report.counts[t]} elements above {t}"
+
+
+def test_per_dtype_rules_fall_back_to_defaults_for_the_dtypes_they_do_not_name() -> None:
+    """atol={"float16": 0.5} says nothing about float32: float32 keeps its default allclose, it is
+    not left without any rule (a test would pass whatever the error)."""
+    tol = Tolerance(atol={"float16": 0.5})
+    assert tol.for_dtype("float16").allclose == (0.5, 0.0)
+    single = tol.for_dtype("float32")
+    assert single.allclose == Tolerance().for_dtype("float32").allclose == (1e-4, 1e-4)
+    assert not single.is_empty
+    # a rule that does apply to float32 (here the budget) is kept as the only one
+    only_budget = Tolerance(atol={"float16": 0.5}, budget={1e-2: 0.0}).for_dtype("float32")
+    assert only_budget.allclose is None and only_budget.budget == {1e-2: 0.0}
