@@ -109,14 +109,21 @@ class OrtDiff:
         pytest.skip(reason)
 
     # -- judging -----------------------------------------------------------------------------
-    def _tolerance(self, tolerance: Tolerance | Mapping[str, Any] | None) -> Tolerance:
+    def _tolerance(self, tolerance: Tolerance | Mapping[str, Any] | tuple[float, float] | None) -> Tolerance:
         if tolerance is None:
             return self.tolerance
         if isinstance(tolerance, Mapping):
             tolerance = Tolerance(**tolerance)
+        elif isinstance(tolerance, tuple | list) and len(tolerance) == 2:
+            tolerance = Tolerance(atol=tolerance[0], rtol=tolerance[1])  # (atol, rtol), as compare() takes
+        elif not isinstance(tolerance, Tolerance):
+            raise TypeError(
+                f"tolerance must be a Tolerance, a dict of its arguments or an (atol, rtol) pair, got {tolerance!r}; "
+                'e.g. tolerance=Tolerance(atol=1e-3, rtol=1e-3), {"budget": {1e-2: 0.001}} or (1e-3, 1e-3)'
+            )
         return tolerance.for_dtype(self.dtype)
 
-    def compare(self, expected: Any, got: Any, *, tolerance: Tolerance | Mapping[str, Any] | None = None, names: Sequence[str] | None = None) -> DiffReport:
+    def compare(self, expected: Any, got: Any, *, tolerance: Tolerance | Mapping[str, Any] | tuple[float, float] | None = None, names: Sequence[str] | None = None) -> DiffReport:
         """A DiffReport whose histogram includes this test's budget thresholds and allclose count."""
         from .diff import DEFAULT_THRESHOLDS, compare
 
@@ -137,7 +144,7 @@ class OrtDiff:
         model: Any,
         feeds: Mapping[str, Any],
         *,
-        tolerance: Tolerance | Mapping[str, Any] | None = None,
+        tolerance: Tolerance | Mapping[str, Any] | tuple[float, float] | None = None,
         reference: str = "torch",
         blame: bool | None = None,
         baseline: bool | str = False,
@@ -227,7 +234,7 @@ class OrtDiff:
         name: str,
         outputs: Any,
         *,
-        tolerance: Tolerance | Mapping[str, Any] | None = None,
+        tolerance: Tolerance | Mapping[str, Any] | tuple[float, float] | None = None,
         reference_report: DiffReport | None = None,
         max_elements: int | None = None,
     ) -> Any:
@@ -308,7 +315,7 @@ class OrtDiff:
         *,
         dims: Any = None,
         regime: Any = "uniform",
-        tolerance: Tolerance | Mapping[str, Any] | None = None,
+        tolerance: Tolerance | Mapping[str, Any] | tuple[float, float] | None = None,
         kernels: Mapping[Any, Any] | None = None,
         max_examples: int | None = None,
     ) -> dict[str, Any]:

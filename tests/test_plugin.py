@@ -474,3 +474,22 @@ def test_bad_feed_is_named_before_the_runtimes_see_it(value: object, message: st
             checker.run(model, feeds, runtime=call.split("-")[1])
     with pytest.raises(TypeError, match=re.escape("feeds must be a dict {input name: tensor}, got list")):
         checker.check(model, list(feeds.values()))  # type: ignore[arg-type]
+
+
+def test_check_and_compare_take_an_atol_rtol_pair_like_compare() -> None:
+    import torch
+
+    from pytest_ortdiff import models
+    from pytest_ortdiff.fixtures import OrtDiff
+
+    checker = OrtDiff("CPU", "float32")
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=0)
+    shifted = {("", "MatMul"): lambda x, w: torch.matmul(x, w) + 0.5}
+    assert checker.check(model, feeds, tolerance=(1.0, 0.0), kernels=shifted).tolerance == (1.0, 0.0)
+    with pytest.raises(AssertionError, match="tolerance broken"):
+        checker.check(model, feeds, tolerance=(0.1, 0.0), kernels=shifted)
+    r = checker.compare(torch.zeros(3), torch.ones(3), tolerance=(0.5, 0.0))
+    assert r.out_of_tolerance == 3
+    with pytest.raises(TypeError, match=r"tolerance must be a Tolerance, a dict of its arguments or an \(atol, rtol\) pair, got 0.1"):
+        checker.check(model, feeds, tolerance=0.1)  # type: ignore[arg-type]
