@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,8 @@ class DiffReport:
     #: the (atol, rtol) `out_of_tolerance` was computed for
     tolerance: tuple[float, float] | None = None
     outputs: tuple[DiffReport, ...] = ()
+    #: elements that differ at all (NaN/Inf mismatches included), whatever the thresholds
+    differ: int | None = None
 
     @property
     def is_exact(self) -> bool:
@@ -94,7 +96,7 @@ class DiffReport:
     @property
     def mismatches(self) -> int:
         """Elements that differ at all (including NaN/Inf mismatches)."""
-        return self.counts.get(0.0, 0)
+        return self.differ if self.differ is not None else self.counts.get(0.0, 0)
 
     def leaves(self) -> tuple[DiffReport, ...]:
         return self.outputs or (self,)
@@ -118,6 +120,7 @@ class DiffReport:
             "counts": {_threshold_key(t): int(c) for t, c in self.counts.items()},
             "out_of_tolerance": self.out_of_tolerance,
             "tolerance": list(self.tolerance) if self.tolerance else None,
+            "differ": self.differ,
         }
         if self.outputs:
             out["outputs"] = [o.to_dict() for o in self.outputs]
@@ -145,6 +148,7 @@ class DiffReport:
             out_of_tolerance=data.get("out_of_tolerance"),
             tolerance=tuple(data["tolerance"]) if data.get("tolerance") else None,  # type: ignore[arg-type]
             outputs=tuple(cls.from_dict(o) for o in data.get("outputs", ())),
+            differ=int(data["differ"]) if data.get("differ") is not None else None,
         )
 
     def render(self, *, width: int = 30) -> str:
@@ -203,10 +207,20 @@ def compare(
     thr = _normalize_thresholds(thresholds)
     tol: tuple[float, float] | Tolerance | None = tolerance if isinstance(tolerance, Tolerance) else _normalize_tolerance(tolerance)
     leaves: list[DiffReport] = []
-    _walk(expected, got, name, thr, tol, leaves)
+    # 0 is always counted: `differ` (how many elements differ at all) whatever the histogram shows
+    _walk(expected, got, name, thr if 0.0 in thr else (0.0, *thr), tol, leaves)
+    leaves = [_shown(leaf, thr) for leaf in leaves]
     if len(leaves) == 1 and not _is_nested(expected):
         return leaves[0]
     return _aggregate(leaves, thr, name, tol if isinstance(tol, tuple) else None)
+
+
+def _shown(leaf: DiffReport, thr: tuple[float, ...]) -> DiffReport:
+    """The leaf with `differ` set and only the requested thresholds in its histogram."""
+    differ = leaf.counts.get(0.0, 0)
+    if leaf.thresholds == thr:
+        return replace(leaf, differ=differ)
+    return replace(leaf, thresholds=thr, counts={t: leaf.counts[t] for t in thr}, differ=differ)
 
 
 def _normalize_thresholds(thresholds: Sequence[float] | None) -> tuple[float, ...]:
@@ -278,7 +292,7 @@ def _as_tensor(x: Any) -> torch.Tensor:
 
 def _aggregate(leaves: list[DiffReport], thr: tuple[float, ...], name: str, pair: tuple[float, float] | None) -> DiffReport:
     if not leaves:
-        return DiffReport(name=name, thresholds=thr, counts=dict.fromkeys(thr, 0), tolerance=pair)
+        return DiffReport(name=name, thresholds=thr, counts=dict.fromkeys(thr, 0), tolerance=pair, differ=0)
     worst = max(leaves, key=lambda r: (r.nan_mismatch + r.inf_mismatch > 0, r.max_abs))
     n = sum(r.n for r in leaves)
     # the outputs' pairs (a Tolerance resolves one per dtype): the aggregate names one only if all agree
@@ -305,6 +319,7 @@ def _aggregate(leaves: list[DiffReport], thr: tuple[float, ...], name: str, pair
         out_of_tolerance=oot,
         tolerance=tol,
         outputs=tuple(leaves),
+        differ=sum(r.mismatches for r in leaves),
     )
 
 

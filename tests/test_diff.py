@@ -844,3 +844,23 @@ def test_to_dict_from_dict_round_trip_through_json(data: st.DataObject) -> None:
     assert len(back.leaves()) == len(r.leaves())
     assert _same_float(back.got_at_max, r.got_at_max) and _same_float(back.max_rel, r.max_rel)
     assert back.render() == r.render()
+
+
+def test_mismatches_and_summary_without_a_zero_threshold() -> None:
+    """Custom thresholds without 0: the report still knows how many elements differ at all."""
+    e = np.ones(4, np.float32)
+    g = e * np.float32(1.01)
+    g[0] = 1.0
+    r = compare(e, g, thresholds=[0.001, 0.1])
+    assert r.thresholds == (0.001, 0.1)
+    assert dict(r.counts) == {0.001: 3, 0.1: 0}
+    assert r.mismatches == 3
+    assert "3/4 differ" in r.summary()
+    back = DiffReport.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.mismatches == 3 and back == r
+    nested = compare({"a": e, "b": e}, {"a": g, "b": e}, thresholds=[0.5])
+    assert nested.mismatches == 3 and [o.mismatches for o in nested.outputs] == [3, 0]
+    # a report stored before `differ` existed falls back to the count above 0 (or 0)
+    old = r.to_dict()
+    del old["differ"]
+    assert DiffReport.from_dict(old).mismatches == 0
