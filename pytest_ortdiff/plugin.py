@@ -472,7 +472,10 @@ class _Collector:
             elif key == RESULT_KEY and report.when == "call":
                 row = dict(value)
                 row["test"] = report.nodeid + row.pop("suffix", "")
-                row["outcome"] = "passed" if row.get("passed") else "failed"
+                # a broken check in a test that xfailed, or that passed anyway (the check ran under
+                # pytest.raises), failed as its test expected
+                expected = hasattr(report, "wasxfail") or report.passed
+                row["outcome"] = "passed" if row.get("passed") else ("xfailed" if expected else "failed")
                 self.state.results.append(row)
             elif key == SKIP_KEY and report.skipped:
                 self.state.skips.append({**value, "test": report.nodeid})

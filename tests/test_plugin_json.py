@@ -258,3 +258,47 @@ def test_summary_names_nan_mismatches(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["test_nan.py::test_a[[]CPU-float32[]] [[]baseline out[]]  CPU * float32  0.25 * 50 NaN, 0 Inf mismatches  failed"])
     out = cli("merge", "job.json", cwd=pytester.path)
     assert "50 NaN, 0 Inf mismatches" in out.stdout
+
+
+def test_expected_check_failures_do_not_fail_merge_strict(pytester: pytest.Pytester) -> None:
+    """A check that fails inside an xfail test, or inside pytest.raises, failed as the test expected:
+    its row says "xfailed", and a green pytest run stays green under `merge --strict`."""
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+        import torch
+        from pytest_ortdiff import models
+        from pytest_ortdiff.fixtures import OrtDiffFailure
+
+        BROKEN = {("", "MatMul"): lambda x, w: torch.matmul(x, w) + 1.0}
+
+        @pytest.mark.xfail(reason="known: MatMul is off by one")
+        def test_known(ortdiff):
+            model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+            feeds = models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=0)
+            ortdiff.check(model, feeds, kernels=BROKEN)
+
+        def test_caught(ortdiff):
+            model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+            feeds = models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=0)
+            with pytest.raises(OrtDiffFailure):
+                ortdiff.check(model, feeds, kernels=BROKEN)
+
+        def test_ok(ortdiff):
+            model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+            feeds = models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=0)
+            ortdiff.check(model, feeds)
+        """
+    )
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    result.assert_outcomes(passed=2, xfailed=1)
+    rows = {r["test"]: r["outcome"] for r in json.loads((pytester.path / "job.json").read_text())["results"]}
+    assert rows == {
+        "test_x.py::test_known[CPU-float32]": "xfailed",
+        "test_x.py::test_caught[CPU-float32]": "xfailed",
+        "test_x.py::test_ok[CPU-float32]": "passed",
+    }
+    result.stdout.fnmatch_lines(["*test_x.py::test_known[[]CPU-float32[]]*xfailed*"])
+    out = cli("merge", "job.json", "--strict", cwd=pytester.path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 check(s) from 1 file(s): 1 passed, 0 failed, 2 expected to fail (xfailed)" in out.stdout
