@@ -17,7 +17,7 @@ import torch
 from .diff import DiffReport, compare
 from .dtypes import DType, dtype_of
 from .providers import KNOWN, parse_provider, torch_device
-from .runtimes.evaluator import TorchEvaluator
+from .runtimes.evaluator import MissingKernelError, TorchEvaluator
 from .runtimes.ort import OrtRunner, load_model
 from .runtimes.ort_kernel import OrtKernel
 
@@ -304,7 +304,7 @@ def blame(
     oracle_out: list[torch.Tensor] | None = None
     table_oracle: dict[str, OracleError] = {}
     if oracle:
-        ev64 = TorchEvaluator(m, device=device, compute_dtype=torch.float64)
+        ev64 = _oracle(m, device, kernels)
         oracle_out = _to_declared(ev64.run(None, feeds), declared)
         for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
             r = compare(oracle_out, outs)
@@ -364,6 +364,17 @@ def blame(
     op_rows.sort(key=lambda r: -r.explained)
     notes = ort_graph_notes(m, provider) if not gap.is_exact else []
     return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes)
+
+
+def _oracle(m: onnx.ModelProto, device: Any, kernels: Mapping[Any, Any]) -> TorchEvaluator:
+    """The float64 evaluator. The user's kernels under test stay out of it; only the overrides that
+    name a runtime ("ort" for an op without a torch kernel, ...) go in, and a callable only where the
+    oracle cannot be built without it (an op no runtime here has)."""
+    named = {k: v for k, v in kernels.items() if isinstance(v, str)}
+    try:
+        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=named)
+    except MissingKernelError:
+        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=kernels)
 
 
 def _row_numbers(r: BlameRow) -> tuple[Any, ...]:

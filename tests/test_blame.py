@@ -224,3 +224,25 @@ def test_blame_fixture(pytester: pytest.Pytester) -> None:
         """
     )
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_blame_and_the_oracle_take_the_ort_overrides_that_a_missing_kernel_needs() -> None:
+    """A model with an op without a torch kernel: the README's kernels={...: "ort"} works for blame
+    (the float64 oracle too) and for check(reference="float64")."""
+    import onnx
+    from onnx import TensorProto as TP
+
+    from pytest_ortdiff.fixtures import OrtDiff
+
+    nodes = [oh.make_node("Relu", ["x"], ["r"], name="relu"), oh.make_node("Hardmax", ["r"], ["y"], axis=-1, name="hm")]
+    graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])], [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+    onnx.checker.check_model(model)
+    feeds = {"x": torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])}
+    table = blame(model, feeds, kernels={"hm": "ort"})
+    assert [r.node for r in table.rows] and table.gap.is_exact
+    assert table.oracle["torch"].max_abs == 0 and table.oracle["onnxruntime"].max_abs == 0
+    checker = OrtDiff("CPU", "float32")
+    assert checker.check(model, feeds, kernels={"hm": "ort"}, reference="float64").is_exact
+    (y,) = checker.run(model, feeds, runtime="float64", kernels={"hm": "ort"})
+    assert torch.equal(y, torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=y.dtype))

@@ -473,3 +473,13 @@ def test_torch_value_is_the_registry_kernel(m32: onnx.ModelProto, f32: dict) -> 
     (a,) = TorchEvaluator(m32, kernels={"matmul": "torch"}).run(None, f32)
     (b,) = TorchEvaluator(m32).run(None, f32)
     assert torch.equal(a, b)
+
+
+def test_ort_override_in_the_float64_oracle_falls_back_to_float32_where_onnxruntime_has_no_float64_kernel() -> None:
+    """onnxruntime's CPU Hardmax has no float64 kernel: in the oracle, kernels={"hm": "ort"} runs that
+    node in float32 (inputs cast down, outputs cast back up) instead of failing."""
+    x = torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])
+    ev = TorchEvaluator(_hardmax_model(), kernels={"hm": "ort"}, compute_dtype=torch.float64)
+    (y,) = ev.run(None, {"x": x})
+    assert y.dtype == torch.float64
+    assert torch.equal(y, torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64))

@@ -1,6 +1,8 @@
 """One ONNX node run by onnxruntime, usable as a kernel inside TorchEvaluator.
 
 The node becomes a one-node model with symbolic dims, so one session serves every shape of a rank.
+Where onnxruntime has no float64 kernel for the op (the float64 oracle's inputs), the node runs in
+float32 instead.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 
 from ..dtypes import dtype_of
 from .kernels.base import Kernel, KernelContext
-from .ort import OrtRunner
+from .ort import OrtRunner, UnsupportedByProviderError
 
 __all__ = ["OrtKernel"]
 
@@ -28,6 +30,7 @@ class OrtKernel(Kernel):
         self.opsets = dict(opsets)
         self.provider = "CUDA" if ctx.device.type == "cuda" else "CPU"
         self._runners: dict[tuple[Any, ...], tuple[OrtRunner, list[str], list[str]]] = {}
+        self._float32_for: set[tuple[Any, ...]] = set()  # input signatures onnxruntime lacks in float64
 
     def _runner(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[OrtRunner, list[str], list[str]]:
         key = tuple((x.dtype, x.dim()) if x is not None else None for x in inputs)
@@ -53,6 +56,20 @@ class OrtKernel(Kernel):
         return hit
 
     def run(self, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        key = tuple((x.dtype, x.dim()) if x is not None else None for x in inputs)
+        if key not in self._float32_for:
+            try:
+                return self._run(inputs)
+            except UnsupportedByProviderError:
+                # The float64 oracle feeds float64, for which onnxruntime lacks many kernels (Hardmax,
+                # ...): this node then runs in float32, inputs cast down and outputs back up.
+                if not any(x is not None and x.dtype == torch.float64 for x in inputs):
+                    raise
+                self._float32_for.add(key)
+        down = tuple(x.to(torch.float32) if x is not None and x.dtype == torch.float64 else x for x in inputs)
+        return tuple(y.to(torch.float64) if y.dtype == torch.float32 else y for y in self._run(down))
+
+    def _run(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, ...]:
         runner, in_names, out_names = self._runner(inputs)
         feeds = dict(zip(in_names, [x for x in inputs if x is not None], strict=True))
         outs = iter(runner.run(out_names, feeds))
