@@ -15,7 +15,7 @@ from .tolerance import Tolerance
 if TYPE_CHECKING:
     from .diff import DiffReport
 
-__all__ = ["BASELINE_KEY", "OrtDiff", "OrtDiffFailure", "_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
+__all__ = ["BASELINE_KEY", "OrtDiff", "OrtDiffDtypeWarning", "OrtDiffFailure", "_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
 
 RESULT_KEY = "ortdiff"
 SKIP_KEY = "ortdiff_skip"
@@ -175,6 +175,7 @@ class OrtDiff:
         m = load_model(model)
         _check_feeds(m, feeds)
         digest = _check_model(m)
+        _warn_other_dtype(m, self.dtype)
         names = [o.name for o in m.graph.output]
         hint = "ortdiff.check(model, feeds, kernels={...})"
         got = self._run(m, digest, feeds, "ort", None, None, hint)
@@ -525,6 +526,44 @@ def _check_model(m: Any) -> str:
     if problem is not None:
         raise ValueError(f"the model fails onnx.checker: {problem}; fix the graph")
     return digest
+
+
+class OrtDiffDtypeWarning(UserWarning):
+    """The model checked in a case is not of the case's dtype."""
+
+
+def _warn_other_dtype(m: Any, dtype: str) -> None:
+    """A case whose model has floating inputs/outputs, none of them of the case's dtype: most likely a
+    model built without dtype=ortdiff.dtype, judged under the wrong dtype's tolerance."""
+    found = set()
+    for v in [*m.graph.input, *m.graph.output]:
+        elem = v.type.tensor_type.elem_type
+        with contextlib.suppress(KeyError, ValueError):
+            dt = dtype_of(elem)
+            if dt.is_floating_point:
+                found.add(dt.short)
+    if found and dtype not in found:
+        import warnings
+
+        builder = _builder_name(m)
+        example = f"models.{builder}(dtype=ortdiff.dtype)" if builder else "dtype=ortdiff.dtype in your model builder"
+        warnings.warn(
+            OrtDiffDtypeWarning(
+                f"this case is {dtype}, but the model's floating inputs and outputs are {', '.join(sorted(found))}: "
+                f"build it for the case, e.g. {example}"
+            ),
+            stacklevel=3,
+        )
+
+
+def _builder_name(m: Any) -> str | None:
+    """The models.* builder that made `m` (None for other models)."""
+    from .models.mlp import builder_info
+
+    try:
+        return builder_info(m)[0]
+    except ValueError:
+        return None
 
 
 def _check_feeds(m: Any, feeds: Any) -> None:

@@ -302,3 +302,29 @@ def test_expected_check_failures_do_not_fail_merge_strict(pytester: pytest.Pytes
     out = cli("merge", "job.json", "--strict", cwd=pytester.path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 check(s) from 1 file(s): 1 passed, 0 failed, 2 expected to fail (xfailed)" in out.stdout
+
+
+def test_a_model_built_for_another_dtype_warns(pytester: pytest.Pytester) -> None:
+    """Forgetting dtype=ortdiff.dtype runs the float32 model in the float16 case under float16's
+    looser tolerance: the case warns, naming the fix."""
+    pytester.makepyfile(
+        test_d="""
+        import pytest
+        from pytest_ortdiff import models
+
+        @pytest.mark.ortdiff(dtypes=["float32", "float16"])
+        def test_forgot(ortdiff):
+            model = models.layer_norm_matmul_add(dtype="float32")
+            feeds = models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=0)
+            ortdiff.check(model, feeds)
+        """
+    )
+    result = pytester.runpytest("-W", "default")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_d.py::test_forgot[[]CPU-float16[]]*",
+            "*OrtDiffDtypeWarning: this case is float16, but the model's floating inputs and outputs are float32: "
+            "build it for the case, e.g. models.layer_norm_matmul_add(dtype=ortdiff.dtype)*",
+        ]
+    )
