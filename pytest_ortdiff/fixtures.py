@@ -257,6 +257,7 @@ class OrtDiff:
             raise ValueError(f"baseline name must be a non-empty string, got {name!r}")
         if name in self._baseline_names:
             raise ValueError(f"baseline name {name!r} is used twice in this test; give each check_baseline call its own name")
+        _check_outputs(f"check_baseline({name!r}, ...)", outputs)
         self._baseline_names.add(name)
         settings = settings_for(self._node)
         path = baseline_path(settings.directory, settings.test_name, name)
@@ -274,9 +275,15 @@ class OrtDiff:
         )
         self._node.user_properties.append((BASELINE_KEY, {"name": name, "action": outcome.action, "path": str(path), "passed": outcome.passed}))
         comparison = outcome.comparison
-        if comparison is not None and comparison.report is not None:
+        if comparison is not None:
             bitwise = Tolerance(atol=0.0, rtol=0.0)
-            self._record(comparison.report, bitwise, outcome.passed, f" [baseline {name}]", describe=comparison.rule)
+            if comparison.report is not None:
+                self._record(comparison.report, bitwise, outcome.passed, f" [baseline {name}]", describe=comparison.rule)
+            else:  # no output comparable (shapes, dtypes or names changed): a row all the same
+                why = next((o.note for o in comparison.outputs if o.status != "identical" and o.note), "no output comparable")
+                from .diff import DiffReport
+
+                self._record(DiffReport(name=name, differ=0), bitwise, outcome.passed, f" [baseline {name}]", describe=comparison.rule, worst=why)
         if not outcome.passed:
             raise OrtDiffFailure(outcome.message)
         return outcome
@@ -420,7 +427,7 @@ class OrtDiff:
         model = f"model = models.{name}(dtype={self.dtype!r}{args}); " if name else ""
         return f"{model}feeds = strategies.make_feeds(model, {dict(values)}, {regime!r}, {seed})"
 
-    def _record(self, report: DiffReport, tol: Tolerance, passed: bool, suffix: str = "", describe: str | None = None) -> None:
+    def _record(self, report: DiffReport, tol: Tolerance, passed: bool, suffix: str = "", describe: str | None = None, worst: str | None = None) -> None:
         from .report import worst_budget_line
 
         self.reports.append(report)
@@ -430,10 +437,11 @@ class OrtDiff:
             "provider": self.provider,
             "dtype": self.dtype,
             "suffix": suffix,
-            "max_abs": report.max_abs,
-            "max_rel": report.max_rel,
-            "max_ulp": report.max_ulp,
-            "worst": worst_budget_line(report, tol.budget),  # type: ignore[arg-type]
+            # (no element compared, e.g. a baseline whose shape changed: no numbers, `worst` says why)
+            "max_abs": report.max_abs if report.n or worst is None else None,
+            "max_rel": report.max_rel if report.n or worst is None else None,
+            "max_ulp": report.max_ulp if report.n or worst is None else None,
+            "worst": worst or worst_budget_line(report, tol.budget),  # type: ignore[arg-type]
             "passed": passed,
             "tolerance": describe or tol.describe(),
             "report": report.to_dict(),
@@ -443,7 +451,7 @@ class OrtDiff:
         # the worst one, so the summary shows what matters and stays one line per test
         for i, (key, old) in enumerate(props):
             if key == RESULT_KEY and old.get("suffix") == suffix:
-                if (not passed, report.max_abs) >= (not old["passed"], old["max_abs"]):
+                if (not passed, report.max_abs) >= (not old["passed"], old["max_abs"] or 0.0):
                     props[i] = (RESULT_KEY, row)
                 return
         props.append((RESULT_KEY, row))
@@ -564,6 +572,23 @@ def _builder_name(m: Any) -> str | None:
         return builder_info(m)[0]
     except ValueError:
         return None
+
+
+def _check_outputs(where: str, outputs: Any) -> None:
+    """Outputs to store: tensors or arrays, or lists/tuples/dicts of them (before any file is touched)."""
+    __tracebackhide__ = True
+    import numpy as np
+    import onnx
+    import torch
+
+    def one(x: Any) -> bool:
+        return isinstance(x, torch.Tensor | np.ndarray | np.generic | onnx.TensorProto)
+
+    values = list(outputs.values()) if isinstance(outputs, Mapping) else list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    bad = next((v for v in values if not one(v)), None)
+    if bad is not None or not values:
+        got = type(outputs).__name__ if bad is None or bad is outputs else f"a {type(outputs).__name__} holding a {type(bad).__name__}"
+        raise TypeError(f"{where}: outputs must be a tensor or array, or a list/tuple/dict of them; got {got}")
 
 
 def _check_feeds(m: Any, feeds: Any) -> None:

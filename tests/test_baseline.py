@@ -531,3 +531,32 @@ def test_zip_crc_damage_inside_a_valid_archive_is_caught(tmp_path: Path) -> None
     path.write_bytes(bytes(raw))
     with pytest.raises(CorruptBaselineError, match="corrupted"):
         load_baseline(path)
+
+
+def test_a_changed_shape_is_a_failed_summary_row_and_a_non_tensor_is_a_type_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(
+        test_s="""
+        import os
+        import torch
+
+        def test_shape(ortdiff):
+            n = int(os.environ.get("N", "3"))
+            ortdiff.check_baseline("v", torch.ones(n))
+
+        def test_not_a_tensor(ortdiff):
+            ortdiff.check_baseline("bt", "hello")
+        """
+    )
+    pytester.runpytest("-k", "shape", "--ortdiff-update-baselines").assert_outcomes(passed=1)
+    monkeypatch.setenv("N", "2")
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*TypeError: check_baseline('bt', ...): outputs must be a tensor or array, or a list/tuple/dict of them; got str*",
+            "*test_s.py::test_shape[[]CPU-float32[]] [[]baseline v[]]*-*-*shape changed: (3,) -> (2,)*failed*",
+        ]
+    )
+    rows = json.loads((pytester.path / "job.json").read_text())["results"]
+    assert [(r["test"], r["outcome"]) for r in rows] == [("test_s.py::test_shape[CPU-float32] [baseline v]", "failed")]
+    assert not list(pytester.path.rglob("*.bt.*"))
