@@ -22,13 +22,9 @@ from onnx.reference import ReferenceEvaluator
 
 from pytest_ortdiff import models
 from pytest_ortdiff.runtimes.evaluator import TorchEvaluator
-from pytest_ortdiff.runtimes.kernels import (
-    KernelContext,
-    UnsupportedVariantError,
-    attention,
-    lookup,
-    matmul,
-)
+from pytest_ortdiff.runtimes.kernels import KernelContext, UnsupportedVariantError, lookup
+from pytest_ortdiff.runtimes.kernels.math import matmul
+from pytest_ortdiff.runtimes.kernels.nn import attention, normalization
 from pytest_ortdiff.runtimes.tensors import to_numpy, to_torch
 
 CPU = torch.device("cpu")
@@ -777,8 +773,8 @@ def test_rms_normalization_stash_double_and_oracle_mode() -> None:
 def test_rms_normalization_refusals() -> None:
     node = helper.make_node("RMSNormalization", ["x", "w"], ["y"], stash_type=TensorProto.INT32)
     with pytest.raises(UnsupportedVariantError, match="stash_type=6: not a float type"):
-        attention.RMSNormalization(node, KernelContext(device=CPU, opset=23))
-    k = attention.RMSNormalization(
+        normalization.RMSNormalization(node, KernelContext(device=CPU, opset=23))
+    k = normalization.RMSNormalization(
         helper.make_node("RMSNormalization", ["x", "w"], ["y"]), KernelContext(device=CPU, opset=23)
     )
     with pytest.raises(

@@ -1,27 +1,43 @@
-"""Shape torch kernels: Reshape, Transpose, Squeeze, Unsqueeze, Concat, and Constant.
-
-Shape-valued inputs (a Reshape's shape, axes) arrive as int64 tensors; results may be views of the inputs.
+"""Shape kernels (ONNX's tensor family): Shape, Size, Reshape, Transpose, Squeeze, Unsqueeze, Concat.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import torch
 
-from ...dtypes import DType
-from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from ..base import Kernel, KernelContext, kernel
 
-__all__ = [
-    "Concat",
-    "Constant",
-    "Reshape",
-    "Squeeze",
-    "Squeeze13",
-    "Transpose",
-    "Unsqueeze",
-    "Unsqueeze13",
-]
+__all__ = ['Concat', 'Reshape', 'Shape', 'Shape15', 'Size', 'Squeeze', 'Squeeze13', 'Transpose', 'Unsqueeze', 'Unsqueeze13']
+
+
+@kernel("Shape", since=1)
+class Shape(Kernel):
+    """The input's shape as a 1-D int64 tensor on the device."""
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.tensor(x.shape, dtype=torch.int64, device=x.device),)
+
+
+@kernel("Shape", since=15)
+class Shape15(Kernel):
+    """Opset 15+: `start`/`end` slice the shape (negative from the back, clamped to [0, rank])."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.start = int(self.attr("start", 0))
+        end = self.attr("end")
+        self.end = None if end is None else int(end)
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dims = x.shape[self.start : self.end]  # Python slicing clamps exactly as the spec says
+        return (torch.tensor(dims, dtype=torch.int64, device=x.device),)
+
+
+@kernel("Size", since=1)
+class Size(Kernel):
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.tensor(x.numel(), dtype=torch.int64, device=x.device),)
 
 
 @kernel("Reshape", since=5)
@@ -123,44 +139,3 @@ class Concat(Kernel):
 
     def run(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.cat(xs, self.axis),)
-
-
-_FLOAT = onnx.TensorProto.FLOAT
-_INT64 = onnx.TensorProto.INT64
-
-
-@kernel("Constant", since=1)
-class Constant(Kernel):
-    """The value is built once, on the device and promoted in oracle mode; `run` hands out that tensor."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.value = self._build(ctx)
-
-    def _build(self, ctx: KernelContext) -> torch.Tensor:
-        attrs = self.attrs
-        if "value" in attrs:
-            proto: onnx.TensorProto = attrs["value"]
-            try:
-                DType(proto.data_type)
-            except ValueError:
-                name = onnx.TensorProto.DataType.Name(proto.data_type)
-                raise UnsupportedVariantError(f"Constant of element type {name}") from None
-            return ctx.tensor(proto)
-        if "value_float" in attrs:
-            return ctx.tensor(np.float32(attrs["value_float"]), _FLOAT)
-        if "value_floats" in attrs:
-            return ctx.tensor(np.asarray(attrs["value_floats"], dtype=np.float32), _FLOAT)
-        if "value_int" in attrs:
-            return ctx.tensor(np.int64(attrs["value_int"]), _INT64)
-        if "value_ints" in attrs:
-            return ctx.tensor(np.asarray(attrs["value_ints"], dtype=np.int64), _INT64)
-        for refused in ("value_string", "value_strings", "sparse_value"):
-            if refused in attrs:
-                raise UnsupportedVariantError(
-                    f"Constant with {refused}: strings and sparse tensors are not torch tensors here"
-                )
-        raise ValueError(f"Constant node {self.node.name!r} has no value attribute")
-
-    def run(self) -> tuple[torch.Tensor, ...]:
-        return (self.value,)

@@ -1,6 +1,4 @@
-"""Transformer-block torch kernels: Attention (opsets 23-25), RotaryEmbedding and RMSNormalization (23).
-
-Each follows its op's function body step by step in the precision the spec names, so that float16/bfloat16 results round where ONNX's do.
+"""Transformer-block kernels (ONNX's nn family): Attention (opset 23/25) and RotaryEmbedding.
 """
 
 from __future__ import annotations
@@ -10,10 +8,11 @@ import math
 import onnx
 import torch
 
-from ...dtypes import DType
-from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from ....dtypes import DType
+from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = ["Attention", "Attention25", "RMSNormalization", "RotaryEmbedding"]
+__all__ = ['Attention', 'Attention25', 'RotaryEmbedding']
+
 
 _EPSILON_DEFAULT = torch.tensor(1e-5, dtype=torch.float32).item()
 
@@ -27,35 +26,6 @@ def _float_type(ctx: KernelContext, onnx_type: int, what: str) -> torch.dtype:
     if not floating:
         raise UnsupportedVariantError(f"{what}={onnx_type}: not a float type")
     return ctx.torch_dtype(onnx_type)
-
-
-@kernel("RMSNormalization", since=23)
-class RMSNormalization(Kernel):
-    """Normalized = X / sqrt(mean(X², axes >= axis) + epsilon) in the stash type, cast to X's type, times Scale."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.axis = int(self.attr("axis", -1))
-        # an attribute is a float32: so is the default, which matters when the stash type is wider
-        self.eps = float(self.attr("epsilon", _EPSILON_DEFAULT))
-        self.stash = _float_type(
-            ctx, int(self.attr("stash_type", 1)), "RMSNormalization stash_type"
-        )
-
-    def run(self, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if x.dtype != scale.dtype:
-            # The function body multiplies Cast(Normalized, to=T) by Scale (of type V): only defined for T == V.
-            raise UnsupportedVariantError(
-                f"RMSNormalization with X of {x.dtype} and Scale of {scale.dtype}: the spec's body needs one type"
-            )
-        if not -x.dim() <= self.axis < x.dim():
-            raise ValueError(
-                f"RMSNormalization axis={self.axis} is out of range for X of rank {x.dim()}"
-            )
-        axes = tuple(range(self.axis % x.dim(), x.dim()))
-        xs = x.to(self.stash)
-        rms = torch.sqrt(torch.mean(xs * xs, axes, keepdim=True) + self.eps)
-        return ((xs / rms).to(x.dtype) * scale,)
 
 
 @kernel("RotaryEmbedding", since=23)

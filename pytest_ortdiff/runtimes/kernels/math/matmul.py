@@ -1,6 +1,4 @@
-"""Matrix-product torch kernels: MatMul (numpy matmul semantics), Gemm (alpha * A' B' + beta * C), Einsum.
-
-They call torch.matmul / torch.mm / torch.addmm / torch.einsum, the kernels a torch user would run.
+"""Matrix-product kernels (ONNX's math family): MatMul, Gemm, Einsum.
 """
 
 from __future__ import annotations
@@ -8,9 +6,10 @@ from __future__ import annotations
 import onnx
 import torch
 
-from .base import Kernel, KernelContext, kernel
+from ..base import Kernel, KernelContext, kernel
 
-__all__ = ["Einsum", "Gemm", "MatMul"]
+__all__ = ['Einsum', 'Gemm', 'MatMul']
+
 
 # float16/bfloat16 operands contract in float32, rounded once at the end (onnx.reference does so for
 # bfloat16, numpy's float16 dot accumulates in float32); integers contract in int64, whose wrap-around

@@ -1,63 +1,15 @@
-"""Layout torch kernels beyond shape.py: Expand, Flatten, Split, Tile, Pad, DepthToSpace, SpaceToDepth
-and CenterCropPad. They move or repeat elements without arithmetic, so any dtype goes through.
+"""Layout kernels (ONNX's tensor family): Split, Tile, Pad, DepthToSpace, SpaceToDepth, CenterCropPad.
 """
 
 from __future__ import annotations
-
-import math
 
 import onnx
 import torch
 import torch.nn.functional as F
 
-from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = [
-    "CenterCropPad",
-    "DepthToSpace",
-    "Expand",
-    "Flatten",
-    "Pad",
-    "Pad11",
-    "SpaceToDepth",
-    "Split",
-    "Split13",
-    "Split18",
-    "Tile",
-]
-
-
-@kernel("Expand", since=8)
-class Expand(Kernel):
-    """Bidirectional broadcasting: a 1 in `shape` keeps the input's dim. The result is a view."""
-
-    def run(self, x: torch.Tensor, shape: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (x.expand(_broadcast(tuple(x.shape), tuple(shape.tolist()))),)
-
-
-def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    """numpy's broadcast of two shapes (torch.broadcast_shapes imports sympy on first use: 0.5 s)."""
-    n = max(len(a), len(b))
-    a2, b2 = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
-    out = []
-    for x, y in zip(a2, b2, strict=True):
-        if x != y and x != 1 and y != 1:
-            raise ValueError(f"Expand: shape {list(b)} does not broadcast with the input's shape {list(a)}")
-        out.append(y if x == 1 else x)
-    return tuple(out)
-
-
-@kernel("Flatten", since=1)
-class Flatten(Kernel):
-    """A 2-D result: the dims before `axis` (default 1; negative from opset 11) times the rest."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.axis = int(self.attr("axis", 1))
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        axis = self.axis + x.dim() if self.axis < 0 else self.axis
-        return (x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])),)
+__all__ = ['CenterCropPad', 'DepthToSpace', 'Pad', 'Pad11', 'SpaceToDepth', 'Split', 'Split13', 'Split18', 'Tile']
 
 
 def _split(x: torch.Tensor, axis: int, sizes: list[int] | None, parts: int) -> tuple[torch.Tensor, ...]:

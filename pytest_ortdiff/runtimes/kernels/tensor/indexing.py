@@ -1,7 +1,5 @@
-"""Indexing torch kernels: Gather/GatherElements/GatherND, Scatter/ScatterElements/ScatterND, Slice,
-Compress, OneHot, NonZero, Unique, ReverseSequence, Trilu.
-
-Negative indices count from the end of their axis (ONNX allows them wherever torch does not).
+"""Indexing kernels (ONNX's tensor family): Gather/GatherElements/GatherND, Scatter*, Slice, Compress,
+OneHot, NonZero, Unique, ReverseSequence, Trilu.
 """
 
 from __future__ import annotations
@@ -12,24 +10,9 @@ import numpy as np
 import onnx
 import torch
 
-from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = [
-    "Compress",
-    "Gather",
-    "GatherElements",
-    "GatherND",
-    "NonZero",
-    "OneHot",
-    "ReverseSequence",
-    "Scatter",
-    "ScatterElements",
-    "ScatterND",
-    "Slice",
-    "Slice10",
-    "Trilu",
-    "Unique",
-]
+__all__ = ['Compress', 'Gather', 'GatherElements', 'GatherND', 'NonZero', 'OneHot', 'ReverseSequence', 'Scatter', 'ScatterElements', 'ScatterND', 'Slice', 'Slice10', 'Trilu', 'Unique']
 
 
 def _wrap(indices: torch.Tensor, size: int | torch.Tensor) -> torch.Tensor:

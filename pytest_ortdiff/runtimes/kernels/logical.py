@@ -1,6 +1,4 @@
-"""Logic torch kernels: comparisons, boolean And/Or/Xor/Not, bitwise ops and shifts, and Where.
-
-Comparisons return bool tensors; bitwise ops keep the integer type (uint16/32/64 computed in int64).
+"""Logical kernels (ONNX's logical family): comparisons, boolean and bitwise ops, BitShift.
 """
 
 from __future__ import annotations
@@ -11,25 +9,9 @@ import onnx
 import torch
 
 from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
-from .elementwise import run_unsigned
+from .math.elementwise import run_unsigned
 
-__all__ = [
-    "And",
-    "BitShift",
-    "BitwiseAnd",
-    "BitwiseNot",
-    "BitwiseOr",
-    "BitwiseXor",
-    "Equal",
-    "Greater",
-    "GreaterOrEqual",
-    "Less",
-    "LessOrEqual",
-    "Not",
-    "Or",
-    "Where",
-    "Xor",
-]
+__all__ = ['And', 'BitShift', 'BitwiseAnd', 'BitwiseNot', 'BitwiseOr', 'BitwiseXor', 'Equal', 'Greater', 'GreaterOrEqual', 'Less', 'LessOrEqual', 'Not', 'Or', 'Xor']
 
 
 def _binary(
@@ -49,15 +31,35 @@ def _binary(
 
 # From opset 7 on these broadcast numpy-style (before, only with `broadcast=1` and `axis`: no kernel).
 Equal = _binary("Equal", 7, torch.eq, True)
+
+
 Less = _binary("Less", 7, torch.lt, False)
+
+
 Greater = _binary("Greater", 7, torch.gt, False)
+
+
 LessOrEqual = _binary("LessOrEqual", 12, torch.le, False)
+
+
 GreaterOrEqual = _binary("GreaterOrEqual", 12, torch.ge, False)
+
+
 And = _binary("And", 7, torch.logical_and, True)
+
+
 Or = _binary("Or", 7, torch.logical_or, True)
+
+
 Xor = _binary("Xor", 7, torch.logical_xor, True)
+
+
 BitwiseAnd = _binary("BitwiseAnd", 18, torch.bitwise_and, True)
+
+
 BitwiseOr = _binary("BitwiseOr", 18, torch.bitwise_or, True)
+
+
 BitwiseXor = _binary("BitwiseXor", 18, torch.bitwise_xor, True)
 
 
@@ -130,12 +132,3 @@ class BitShift(Kernel):
         if x.dtype == torch.uint64:
             return (r.view(torch.uint64),)
         return (r if r.dtype == x.dtype else r.to(x.dtype),)
-
-
-@kernel("Where", since=9)
-class Where(Kernel):
-    def run(self, cond: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        try:
-            return (torch.where(cond, a, b),)
-        except RuntimeError as exc:
-            return (run_unsigned(torch.where, cond, a, b, wrapping=True, error=exc),)

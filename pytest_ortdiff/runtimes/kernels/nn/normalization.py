@@ -1,6 +1,5 @@
-"""Normalization torch kernels: LayerNormalization (with its Mean/InvStdDev outputs), Softmax, LogSoftmax.
-
-Softmax and LogSoftmax change meaning at opset 13 (coerce-to-2-D at `axis` before, one axis after).
+"""Normalization kernels (ONNX's nn family): LayerNormalization (with its Mean/InvStdDev outputs),
+RMSNormalization.
 """
 
 from __future__ import annotations
@@ -9,10 +8,41 @@ import onnx
 import torch
 import torch.nn.functional as F
 
-from ...dtypes import DType
-from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from ....dtypes import DType
+from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from .attention import _EPSILON_DEFAULT, _float_type
 
-__all__ = ["LayerNormalization", "LogSoftmax", "LogSoftmax13", "Softmax", "Softmax13"]
+__all__ = ['LayerNormalization', 'RMSNormalization']
+
+
+@kernel("RMSNormalization", since=23)
+class RMSNormalization(Kernel):
+    """Normalized = X / sqrt(mean(X², axes >= axis) + epsilon) in the stash type, cast to X's type, times Scale."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", -1))
+        # an attribute is a float32: so is the default, which matters when the stash type is wider
+        self.eps = float(self.attr("epsilon", _EPSILON_DEFAULT))
+        self.stash = _float_type(
+            ctx, int(self.attr("stash_type", 1)), "RMSNormalization stash_type"
+        )
+
+    def run(self, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.dtype != scale.dtype:
+            # The function body multiplies Cast(Normalized, to=T) by Scale (of type V): only defined for T == V.
+            raise UnsupportedVariantError(
+                f"RMSNormalization with X of {x.dtype} and Scale of {scale.dtype}: the spec's body needs one type"
+            )
+        if not -x.dim() <= self.axis < x.dim():
+            raise ValueError(
+                f"RMSNormalization axis={self.axis} is out of range for X of rank {x.dim()}"
+            )
+        axes = tuple(range(self.axis % x.dim(), x.dim()))
+        xs = x.to(self.stash)
+        rms = torch.sqrt(torch.mean(xs * xs, axes, keepdim=True) + self.eps)
+        return ((xs / rms).to(x.dtype) * scale,)
+
 
 # The precision torch's layer_norm computes in for each input dtype (its "opmath" type): when it equals
 # the stash type, F.layer_norm alone honours stash_type.
@@ -68,52 +98,3 @@ class LayerNormalization(Kernel):
             x.to(self.stash), tuple(range(axis, x.dim())), correction=0, keepdim=True
         )
         return (y, mean, torch.rsqrt(var + self.eps))
-
-
-@kernel("Softmax", since=1)
-class Softmax(Kernel):
-    """Opsets 1-12: X is coerced to 2-D, [prod(dims < axis), prod(dims >= axis)], and each row normalized."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.axis = int(self.attr("axis", 1))
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # flatten(axis) is exactly the coercion (a no-op when axis is the last dim).
-        return (torch.softmax(x.flatten(self.axis), -1).reshape(x.shape),)
-
-
-@kernel("Softmax", since=13)
-class Softmax13(Kernel):
-    """Opset 13+: normalize along the single dimension `axis` (default -1)."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.axis = int(self.attr("axis", -1))
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.softmax(x, self.axis),)
-
-
-@kernel("LogSoftmax", since=1)
-class LogSoftmax(Kernel):
-    """Opsets 1-12: same 2-D coercion at `axis` (default 1) as Softmax."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.axis = int(self.attr("axis", 1))
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.log_softmax(x.flatten(self.axis), -1).reshape(x.shape),)
-
-
-@kernel("LogSoftmax", since=13)
-class LogSoftmax13(Kernel):
-    """Opset 13+: along the single dimension `axis` (default -1)."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.axis = int(self.attr("axis", -1))
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.log_softmax(x, self.axis),)

@@ -1,5 +1,4 @@
-"""Generator torch kernels: values made from shapes and scalars (Shape, Size, ConstantOfShape, Range,
-EyeLike, the Hann/Hamming/Blackman windows). Floats they create go through `ctx.torch_dtype`.
+"""Generator kernels (ONNX's generator family): Constant, ConstantOfShape, Range, EyeLike.
 """
 
 from __future__ import annotations
@@ -13,46 +12,7 @@ import torch
 from ...dtypes import DType
 from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = [
-    "BlackmanWindow",
-    "ConstantOfShape",
-    "EyeLike",
-    "HammingWindow",
-    "HannWindow",
-    "Range",
-    "Shape",
-    "Shape15",
-    "Size",
-]
-
-
-@kernel("Shape", since=1)
-class Shape(Kernel):
-    """The input's shape as a 1-D int64 tensor on the device."""
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.tensor(x.shape, dtype=torch.int64, device=x.device),)
-
-
-@kernel("Shape", since=15)
-class Shape15(Kernel):
-    """Opset 15+: `start`/`end` slice the shape (negative from the back, clamped to [0, rank])."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.start = int(self.attr("start", 0))
-        end = self.attr("end")
-        self.end = None if end is None else int(end)
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        dims = x.shape[self.start : self.end]  # Python slicing clamps exactly as the spec says
-        return (torch.tensor(dims, dtype=torch.int64, device=x.device),)
-
-
-@kernel("Size", since=1)
-class Size(Kernel):
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.tensor(x.numel(), dtype=torch.int64, device=x.device),)
+__all__ = ['Constant', 'ConstantOfShape', 'EyeLike', 'Range']
 
 
 @kernel("ConstantOfShape", since=9)
@@ -122,40 +82,44 @@ class EyeLike(Kernel):
         return (y,)
 
 
-class _Window(Kernel):
-    """A window of `size` points, computed in float64 and cast to `output_datatype` (default float)."""
+_FLOAT = onnx.TensorProto.FLOAT
+
+
+_INT64 = onnx.TensorProto.INT64
+
+
+@kernel("Constant", since=1)
+class Constant(Kernel):
+    """The value is built once, on the device and promoted in oracle mode; `run` hands out that tensor."""
 
     def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
         super().__init__(node, ctx)
-        self.periodic = bool(self.attr("periodic", 1))
-        self.dtype = ctx.torch_dtype(int(self.attr("output_datatype", onnx.TensorProto.FLOAT)))
+        self.value = self._build(ctx)
 
-    def run(self, size: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n = int(size)
-        period = n if self.periodic else n - 1
-        phase = torch.arange(n, dtype=torch.float64, device=self.ctx.device) * (2 * math.pi / period)
-        return (self.window(phase).to(self.dtype),)
+    def _build(self, ctx: KernelContext) -> torch.Tensor:
+        attrs = self.attrs
+        if "value" in attrs:
+            proto: onnx.TensorProto = attrs["value"]
+            try:
+                DType(proto.data_type)
+            except ValueError:
+                name = onnx.TensorProto.DataType.Name(proto.data_type)
+                raise UnsupportedVariantError(f"Constant of element type {name}") from None
+            return ctx.tensor(proto)
+        if "value_float" in attrs:
+            return ctx.tensor(np.float32(attrs["value_float"]), _FLOAT)
+        if "value_floats" in attrs:
+            return ctx.tensor(np.asarray(attrs["value_floats"], dtype=np.float32), _FLOAT)
+        if "value_int" in attrs:
+            return ctx.tensor(np.int64(attrs["value_int"]), _INT64)
+        if "value_ints" in attrs:
+            return ctx.tensor(np.asarray(attrs["value_ints"], dtype=np.int64), _INT64)
+        for refused in ("value_string", "value_strings", "sparse_value"):
+            if refused in attrs:
+                raise UnsupportedVariantError(
+                    f"Constant with {refused}: strings and sparse tensors are not torch tensors here"
+                )
+        raise ValueError(f"Constant node {self.node.name!r} has no value attribute")
 
-    def window(self, phase: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-
-@kernel("HannWindow", since=17)
-class HannWindow(_Window):
-    def window(self, phase: torch.Tensor) -> torch.Tensor:
-        return 0.5 - 0.5 * torch.cos(phase)
-
-
-@kernel("HammingWindow", since=17)
-class HammingWindow(_Window):
-    """alpha = 25/46 (not torch's 0.54), beta = 1 - alpha."""
-
-    def window(self, phase: torch.Tensor) -> torch.Tensor:
-        alpha = 25.0 / 46.0
-        return alpha - (1.0 - alpha) * torch.cos(phase)
-
-
-@kernel("BlackmanWindow", since=17)
-class BlackmanWindow(_Window):
-    def window(self, phase: torch.Tensor) -> torch.Tensor:
-        return 0.42 - 0.5 * torch.cos(phase) + 0.08 * torch.cos(2 * phase)
+    def run(self) -> tuple[torch.Tensor, ...]:
+        return (self.value,)

@@ -1,7 +1,5 @@
-"""Aggregating torch kernels beyond reduce.py's ReduceSum/ReduceMean: ReduceMax/Min/Prod/L1/L2/LogSum/
-LogSumExp/SumSquare, ArgMax/ArgMin, CumSum/CumProd and TopK.
-
-Reductions keep the input's dtype; a reduction over an empty set gives its identity (-inf for Max, ...).
+"""Reduction kernels (ONNX's reduction family): Reduce* with `axes` as an attribute or (later opsets)
+an input, ArgMax and ArgMin. A reduction over an empty set gives its identity (-inf for Max, ...).
 """
 
 from __future__ import annotations
@@ -12,32 +10,10 @@ import onnx
 import torch
 
 from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
-from .elementwise import run_unsigned
+from .math.elementwise import run_unsigned
 
-__all__ = [
-    "ArgMax",
-    "ArgMin",
-    "CumProd",
-    "CumSum",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceL118",
-    "ReduceL218",
-    "ReduceLogSum",
-    "ReduceLogSum18",
-    "ReduceLogSumExp",
-    "ReduceLogSumExp18",
-    "ReduceMax",
-    "ReduceMax18",
-    "ReduceMin",
-    "ReduceMin18",
-    "ReduceProd",
-    "ReduceProd18",
-    "ReduceSumSquare",
-    "ReduceSumSquare18",
-    "TopK",
-    "TopK10",
-]
+__all__ = ['ArgMax', 'ArgMin', 'ReduceL1', 'ReduceL2', 'ReduceL118', 'ReduceL218', 'ReduceLogSum', 'ReduceLogSum18', 'ReduceLogSumExp', 'ReduceLogSumExp18', 'ReduceMax', 'ReduceMax18', 'ReduceMean', 'ReduceMean18', 'ReduceMin', 'ReduceMin18', 'ReduceProd', 'ReduceProd18', 'ReduceSum', 'ReduceSum13', 'ReduceSumSquare', 'ReduceSumSquare18']
+
 
 def _orderable(x: torch.Tensor) -> torch.Tensor:
     """x, or for uint16/32/64 (which torch cannot compare) an int64 tensor with the same order."""
@@ -156,19 +132,41 @@ class _ReduceInput(Kernel):
         return (type(self).reducer(x, dims, self.keepdims),)
 
 
-def _reduce_pair(op_type: str, reducer: Reducer) -> tuple[type[Kernel], type[Kernel]]:
+def _reduce_pair(
+    op_type: str, reducer: Reducer, input_since: int = 18
+) -> tuple[type[Kernel], type[Kernel]]:
+    """The two kernels of a reduction: axes as an attribute (opset 1 on), as an input (`input_since` on:
+    13 for ReduceSum, 18 for the others)."""
     attr_cls = type(op_type, (_ReduceAttr,), {"reducer": staticmethod(reducer), "__module__": __name__})
-    input_cls = type(f"{op_type}18", (_ReduceInput,), {"reducer": staticmethod(reducer), "__module__": __name__})
-    return kernel(op_type, since=1)(attr_cls), kernel(op_type, since=18)(input_cls)
+    input_cls = type(
+        f"{op_type}{input_since}",
+        (_ReduceInput,),
+        {"reducer": staticmethod(reducer), "__module__": __name__},
+    )
+    return kernel(op_type, since=1)(attr_cls), kernel(op_type, since=input_since)(input_cls)
 
 
 ReduceMax, ReduceMax18 = _reduce_pair("ReduceMax", _max)
+
+
 ReduceMin, ReduceMin18 = _reduce_pair("ReduceMin", _min)
+
+
 ReduceProd, ReduceProd18 = _reduce_pair("ReduceProd", _prod)
+
+
 ReduceL1, ReduceL118 = _reduce_pair("ReduceL1", _l1)
+
+
 ReduceL2, ReduceL218 = _reduce_pair("ReduceL2", _l2)
+
+
 ReduceLogSum, ReduceLogSum18 = _reduce_pair("ReduceLogSum", _log_sum)
+
+
 ReduceLogSumExp, ReduceLogSumExp18 = _reduce_pair("ReduceLogSumExp", _log_sum_exp)
+
+
 ReduceSumSquare, ReduceSumSquare18 = _reduce_pair("ReduceSumSquare", _sum_square)
 
 
@@ -204,79 +202,22 @@ class ArgMin(_Arg):
     largest = False
 
 
-class _Cumulative(Kernel):
-    """Along the axis given as a scalar input; `exclusive` shifts by one (the identity first), `reverse`
-    accumulates from the end."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.exclusive = bool(self.attr("exclusive", 0))
-        self.reverse = bool(self.attr("reverse", 0))
-
-    def accumulate(self, x: torch.Tensor, axis: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    identity = 0
-
-    def run(self, x: torch.Tensor, axis: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        a = int(axis)
-        if self.reverse:
-            x = x.flip(a)
-        if self.exclusive:
-            n = x.shape[a]
-            pad = torch.full_like(x.narrow(a, 0, min(n, 1)), self.identity)
-            x = torch.cat([pad, x.narrow(a, 0, max(n - 1, 0))], a)
-        y = self.accumulate(x, a)
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
-        return (y.flip(a) if self.reverse else y,)
+def _mean(x: torch.Tensor, axes: tuple[int, ...], keepdims: bool) -> torch.Tensor:
+    if x.is_floating_point():
+        if axes:
+            return torch.mean(x, axes, keepdims)
+        y = torch.mean(x)
+        return y.reshape((1,) * x.dim()) if keepdims else y
+    # torch has no integer mean; ONNX's is the integer sum divided by the count, truncated toward zero.
+    shape = x.shape
+    count = 1
+    for a in axes or range(x.dim()):
+        count *= shape[a]
+    total = torch.sum(x, axes, keepdims) if axes else torch.sum(x)
+    if not axes and keepdims:
+        total = total.reshape((1,) * x.dim())
+    return torch.div(total, count, rounding_mode="trunc").to(x.dtype)
 
 
-@kernel("CumSum", since=11)
-class CumSum(_Cumulative):
-    identity = 0
-
-    def accumulate(self, x: torch.Tensor, axis: int) -> torch.Tensor:
-        return torch.cumsum(x, axis)
-
-
-@kernel("CumProd", since=26)
-class CumProd(_Cumulative):
-    identity = 1
-
-    def accumulate(self, x: torch.Tensor, axis: int) -> torch.Tensor:
-        return torch.cumprod(x, axis)
-
-
-def _topk(x: torch.Tensor, k: int, axis: int, largest: bool) -> tuple[torch.Tensor, ...]:
-    # A stable sort breaks ties by the lower index, as the spec asks; torch.topk promises no order.
-    key = _orderable(x)
-    values, indices = torch.sort(key, dim=axis, descending=largest, stable=True)
-    # for unsigned types the sorted keys are x's values widened to int64 (torch cannot gather uint64)
-    return values.narrow(axis, 0, k).to(x.dtype), indices.narrow(axis, 0, k)
-
-
-@kernel("TopK", since=1)
-class TopK(Kernel):
-    """Opsets 1-9: `k` attribute, largest first."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.k = int(self.attr("k"))
-        self.axis = int(self.attr("axis", -1))
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _topk(x, self.k, self.axis, True)
-
-
-@kernel("TopK", since=10)
-class TopK10(Kernel):
-    """Opset 10+: `k` is an input; 11 adds `largest` and `sorted` (results come sorted either way)."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.axis = int(self.attr("axis", -1))
-        self.largest = bool(self.attr("largest", 1))
-
-    def run(self, x: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _topk(x, int(k.reshape(-1)[0]), self.axis, self.largest)
+ReduceSum, ReduceSum13 = _reduce_pair("ReduceSum", _sum, input_since=13)
+ReduceMean, ReduceMean18 = _reduce_pair("ReduceMean", _mean)

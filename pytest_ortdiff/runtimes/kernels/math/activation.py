@@ -1,5 +1,4 @@
-"""Activation torch kernels: the ReLU family, sigmoids and their hard variants, Gelu, Swish, Shrink,
-and Dropout at inference. Attributes (alpha, beta, ...) are parsed once; outputs keep the input's dtype.
+"""Activation kernels (ONNX's math family): the ReLU family, sigmoids, Gelu, Swish, Mish, soft functions.
 """
 
 from __future__ import annotations
@@ -8,28 +7,9 @@ import onnx
 import torch
 import torch.nn.functional as F
 
-from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = [
-    "Celu",
-    "Dropout",
-    "Dropout12",
-    "Elu",
-    "Gelu",
-    "HardSigmoid",
-    "HardSwish",
-    "LeakyRelu",
-    "Mish",
-    "PRelu",
-    "Selu",
-    "Shrink",
-    "Softplus",
-    "Softsign",
-    "Swish",
-    "ThresholdedRelu",
-]
-
-# Opset 1 versions of these ops differ from opset 6 by the legacy `consumed_inputs` attribute only.
+__all__ = ['Celu', 'Elu', 'Gelu', 'HardSigmoid', 'HardSwish', 'LeakyRelu', 'Mish', 'PRelu', 'Selu', 'Softplus', 'Softsign', 'Swish', 'ThresholdedRelu']
 
 
 @kernel("LeakyRelu", since=1)
@@ -158,53 +138,3 @@ class Swish(Kernel):
         if self.alpha == 1.0:
             return (F.silu(x),)
         return (x * torch.sigmoid(x * self.alpha),)
-
-
-@kernel("Shrink", since=9)
-class Shrink(Kernel):
-    """x + bias below -lambd, x - bias above lambd, 0 between; integer inputs are computed in float64
-    and cast back (truncating), as the reference does."""
-
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
-        super().__init__(node, ctx)
-        self.bias = float(self.attr("bias", 0.0))
-        self.lambd = float(self.attr("lambd", 0.5))
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        w = x if x.is_floating_point() else x.double()
-        zero = torch.zeros((), dtype=w.dtype, device=w.device)
-        y = torch.where(w < -self.lambd, w + self.bias, torch.where(w > self.lambd, w - self.bias, zero))
-        return (y if y.dtype == x.dtype else y.to(x.dtype),)
-
-
-
-
-
-@kernel("Dropout", since=10)
-class Dropout(Kernel):
-    """Opsets 10-11: inference is the identity, and the optional mask all True."""
-
-    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if len(self.node.output) > 1 and self.node.output[1]:
-            return (x, torch.ones(x.shape, dtype=torch.bool, device=x.device))
-        return (x,)
-
-
-@kernel("Dropout", since=12)
-class Dropout12(Kernel):
-    """Opset 12+: `ratio` and `training_mode` are inputs; training with a nonzero ratio draws random
-    numbers, which no reference can reproduce, so it is refused."""
-
-    def run(
-        self,
-        x: torch.Tensor,
-        ratio: torch.Tensor | None = None,
-        training_mode: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, ...]:
-        if training_mode is not None and bool(training_mode) and (ratio is None or float(ratio) != 0.0):
-            raise UnsupportedVariantError(
-                "Dropout with training_mode=True and a nonzero ratio: random, not reproducible"
-            )
-        if len(self.node.output) > 1 and self.node.output[1]:
-            return (x, torch.ones(x.shape, dtype=torch.bool, device=x.device))
-        return (x,)

@@ -1,0 +1,62 @@
+"""Softmax-family kernels (ONNX's math family): Softmax and LogSoftmax.
+
+They change meaning at opset 13 (coerce-to-2-D at `axis` before, one axis after).
+"""
+
+from __future__ import annotations
+
+import onnx
+import torch
+
+from ..base import Kernel, KernelContext, kernel
+
+__all__ = ['LogSoftmax', 'LogSoftmax13', 'Softmax', 'Softmax13']
+
+
+@kernel("Softmax", since=1)
+class Softmax(Kernel):
+    """Opsets 1-12: X is coerced to 2-D, [prod(dims < axis), prod(dims >= axis)], and each row normalized."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", 1))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # flatten(axis) is exactly the coercion (a no-op when axis is the last dim).
+        return (torch.softmax(x.flatten(self.axis), -1).reshape(x.shape),)
+
+
+@kernel("Softmax", since=13)
+class Softmax13(Kernel):
+    """Opset 13+: normalize along the single dimension `axis` (default -1)."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", -1))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.softmax(x, self.axis),)
+
+
+@kernel("LogSoftmax", since=1)
+class LogSoftmax(Kernel):
+    """Opsets 1-12: same 2-D coercion at `axis` (default 1) as Softmax."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", 1))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.log_softmax(x.flatten(self.axis), -1).reshape(x.shape),)
+
+
+@kernel("LogSoftmax", since=13)
+class LogSoftmax13(Kernel):
+    """Opset 13+: along the single dimension `axis` (default -1)."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", -1))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.log_softmax(x, self.axis),)
