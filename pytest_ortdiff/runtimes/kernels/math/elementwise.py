@@ -11,7 +11,7 @@ import torch
 
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = ['Abs', 'Add', 'Asin', 'Asinh', 'Atan', 'Atanh', 'Ceil', 'Clip', 'Clip11', 'Cos', 'Cosh', 'Div', 'Erf', 'Exp', 'Expand', 'Floor', 'Log', 'Max', 'Mean', 'Min', 'Mod', 'Mul', 'Neg', 'Pow', 'Reciprocal', 'Relu', 'Round', 'Sigmoid', 'Sign', 'Sin', 'Sinh', 'Sqrt', 'Sub', 'Sum', 'Tan', 'Tanh']
+__all__ = ['Abs', 'Acos', 'Acosh', 'Add', 'Asin', 'Asinh', 'Atan', 'Atanh', 'Ceil', 'Clip', 'Clip11', 'Cos', 'Cosh', 'Div', 'Erf', 'Exp', 'Expand', 'Floor', 'Log', 'Max', 'Mean', 'Min', 'Mod', 'Mul', 'Neg', 'Pow', 'Reciprocal', 'Relu', 'Round', 'Sigmoid', 'Sign', 'Sin', 'Sinh', 'Sqrt', 'Sub', 'Sum', 'Tan', 'Tanh']
 
 
 def _unary(
@@ -24,44 +24,20 @@ def _unary(
 
     cls = type(op_type, (Kernel,), {"run": run, "__doc__": doc or None, "__module__": __name__})
     return kernel(op_type, since=since)(cls)
-
-
 Floor = _unary("Floor", 1, torch.floor)
-
-
 Ceil = _unary("Ceil", 1, torch.ceil)
-
-
 Round = _unary("Round", 11, torch.round, "Halves round to even, as in numpy and torch.round.")
-
-
 Sign = _unary("Sign", 9, torch.sign)
-
-
 Sin = _unary("Sin", 7, torch.sin)
-
-
 Cos = _unary("Cos", 7, torch.cos)
-
-
 Tan = _unary("Tan", 7, torch.tan)
-
-
 Asin = _unary("Asin", 7, torch.asin)
-
-
+Acos = _unary("Acos", 7, torch.acos)
 Atan = _unary("Atan", 7, torch.atan)
-
-
 Sinh = _unary("Sinh", 9, torch.sinh)
-
-
 Cosh = _unary("Cosh", 9, torch.cosh)
-
-
 Asinh = _unary("Asinh", 9, torch.asinh)
-
-
+Acosh = _unary("Acosh", 9, torch.acosh)
 Atanh = _unary("Atanh", 9, torch.atanh)
 
 

@@ -1,4 +1,4 @@
-"""Softmax-family kernels (ONNX's math family): Softmax and LogSoftmax.
+"""Softmax-family kernels (ONNX's math family): Softmax, LogSoftmax and Hardmax.
 
 They change meaning at opset 13 (coerce-to-2-D at `axis` before, one axis after).
 """
@@ -10,7 +10,7 @@ import torch
 
 from ..base import Kernel, KernelContext, kernel
 
-__all__ = ['LogSoftmax', 'LogSoftmax13', 'Softmax', 'Softmax13']
+__all__ = ['Hardmax', 'Hardmax13', 'LogSoftmax', 'LogSoftmax13', 'Softmax', 'Softmax13']
 
 
 @kernel("Softmax", since=1)
@@ -60,3 +60,37 @@ class LogSoftmax13(Kernel):
 
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.log_softmax(x, self.axis),)
+
+
+def _hardmax(x: torch.Tensor, axis: int) -> torch.Tensor:
+    # argmax returns the first maximal index, as the spec asks ("the first maximum wins")
+    idx = torch.argmax(x, dim=axis, keepdim=True)
+    return torch.zeros_like(x).scatter_(axis, idx, 1)
+
+
+@kernel("Hardmax", since=1)
+class Hardmax(Kernel):
+    """Opsets 1-12: 1 at the first maximum of each row of the 2-D coercion at `axis` (default 1), 0 elsewhere."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", 1))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.numel() == 0:
+            return (x.clone(),)
+        return (_hardmax(x.flatten(self.axis), -1).reshape(x.shape),)
+
+
+@kernel("Hardmax", since=13)
+class Hardmax13(Kernel):
+    """Opset 13+: along the single dimension `axis` (default -1)."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = int(self.attr("axis", -1))
+
+    def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.numel() == 0:
+            return (x.clone(),)
+        return (_hardmax(x, self.axis),)
