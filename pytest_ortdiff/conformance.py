@@ -62,6 +62,11 @@ KNOWN_UNSUPPORTED: dict[str, str] = {
     # the Attention function body's Softmax in bfloat16/float16 (the unexpanded cases use the Attention kernel)
     "test_attention_*_bf16_expanded": _SOFTMAX_ROUNDING,
     "test_attention_4d_causal_fp16_expanded": _SOFTMAX_ROUNDING,
+    # the inverse DFT of a real signal's spectrum: numpy's complex64 ifft leaves imaginary parts of
+    # ~1.9e-7 (0.05 ulp at the output's scale of 54) where the exact value, and torch.fft's, is 0; the
+    # case's atol of 1e-7 is below numpy's own round-off
+    "test_dft_inverse*": "the expected imaginary parts are numpy's round-off (~1.9e-7 where the exact "
+    "value is 0, 0.05 ulp at the output's scale); torch.fft gives the exact 0, which the case's atol=1e-7 rejects",
 }
 
 _TORCHLESS_DTYPES = ("float8", "float4", "int4", "uint4", "int2", "uint2")

@@ -65,3 +65,61 @@ def test_losses(reduction: str, weighted: bool, ignore_index: int | None, spatia
     check_node(sce, inputs, dtypes=("float32", "float16", "float64"))
     nll = one_node_model("NegativeLogLikelihoodLoss", inputs, ["loss"], 13, **attrs)
     check_node(nll, inputs, dtypes=("float32", "float64"))
+
+
+@pytest.mark.parametrize(
+    ("opset", "complex_in", "inverse", "onesided", "length", "axis"),
+    [
+        (17, False, False, False, None, 1),
+        (17, False, False, True, None, 1),
+        (17, True, True, False, None, 1),
+        (17, False, False, False, 6, 2),
+        (20, False, False, True, 10, -2),
+        (20, True, False, False, None, 1),
+        (20, True, True, True, 8, -2),
+    ],
+)
+def test_dft(
+    opset: int, complex_in: bool, inverse: bool, onesided: bool, length: int | None, axis: int
+) -> None:
+    x = _f(2, 5, 8, 2 if complex_in else 1)
+    inits = {} if length is None else {"n": np.array(length, dtype=np.int64)}
+    attrs = {"inverse": int(inverse), "onesided": int(onesided)}
+    if opset == 17:
+        attrs["axis"] = axis
+        model = one_node_model("DFT", {"x": x, "n": None}, ["y"], opset, initializers=inits, **attrs)
+    else:
+        inits["axis"] = np.array(axis, dtype=np.int64)
+        model = one_node_model(
+            "DFT", {"x": x, "n": None, "axis": None}, ["y"], opset, initializers=inits, **attrs
+        )
+    # onnxruntime's CPU DFT has no inverse-onesided (irfft) variant: onnx.reference alone there
+    ref = "onnx" if inverse and onesided else "both"
+    check_node(model, {"x": x}, dtypes=("float32", "float64"), reference=ref, tol={"float32": (1e-4, 1e-5)})
+
+
+@pytest.mark.parametrize(("window", "onesided"), [(True, True), (False, True), (True, False)])
+def test_stft(window: bool, onesided: bool) -> None:
+    signal = _f(2, 64, 1)
+    inits = {"step": np.array(8, dtype=np.int64)}
+    if window:
+        inits["window"] = np.hanning(16).astype(np.float32)
+    else:
+        inits["length"] = np.array(16, dtype=np.int64)
+    inputs = {"signal": signal, "step": None, "window": None, "length": None}
+    model = one_node_model("STFT", inputs, ["y"], 17, initializers=inits, onesided=int(onesided))
+    check_node(model, {"signal": signal}, dtypes=("float32", "float64"), tol={"float32": (1e-4, 1e-5)})
+
+
+def test_mel_weight_matrix() -> None:
+    inits = {
+        "bins": np.array(8, dtype=np.int64),
+        "n": np.array(64, dtype=np.int64),
+        "rate": np.array(16000, dtype=np.int64),
+        "lo": np.array(0.0, dtype=np.float32),
+        "hi": np.array(8000.0, dtype=np.float32),
+    }
+    model = one_node_model("MelWeightMatrix", {}, ["y"], 17, initializers=inits)
+    (y,) = run_torch(model, {})
+    assert y.shape == (33, 8) and y.dtype == np.float32
+    check_node(model, {}, dtypes=("float32",))
