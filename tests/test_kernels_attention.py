@@ -901,3 +901,59 @@ def test_fused_llama_matches_the_decomposed_graph(builder: Any, dtype: str) -> N
         for x, y in zip(a, b, strict=True):
             assert x.dtype == y.dtype
             torch.testing.assert_close(x, y, rtol=tol, atol=tol)
+
+
+# -- LinearAttention and TensorScatter (the KV-cache write) ------------------------------------------
+
+
+@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
+@pytest.mark.parametrize(("q_heads", "kv_heads", "past", "per_dim_decay"), [(2, 2, False, False), (4, 2, True, True)])
+def test_linear_attention_matches_onnx_reference(
+    rule: str, q_heads: int, kv_heads: int, past: bool, per_dim_decay: bool
+) -> None:
+    from kernel_harness import check_node
+    from kernel_harness import one_node_model as node_model
+
+    rng = np.random.default_rng(3)
+    b, t, d_k, d_v = 2, 3, 4, 5
+    f = lambda *s: rng.uniform(-1, 1, size=s).astype(np.float32)  # noqa: E731
+    inputs: dict[str, np.ndarray | None] = {
+        "q": f(b, t, q_heads * d_k),
+        "k": f(b, t, kv_heads * d_k),
+        "v": f(b, t, kv_heads * d_v),
+        "past": f(b, kv_heads, d_k, d_v) if past else None,
+        "decay": (-np.abs(f(b, t, kv_heads * d_k if per_dim_decay else kv_heads)))
+        if rule.startswith("gated")
+        else None,
+        "beta": np.abs(f(b, t, kv_heads)) if "delta" in rule else None,
+    }
+    model = node_model(
+        "LinearAttention", inputs, ["y", "state"], 27,
+        q_num_heads=q_heads, kv_num_heads=kv_heads, update_rule=rule,
+    )  # fmt: skip
+    # opset 27 is newer than onnxruntime 1.32's: onnx.reference alone, which computes in float32 even
+    # for float64 inputs (hence the float64 tolerance)
+    check_node(
+        model, given(inputs), dtypes=("float32", "float64"), reference="onnx",
+        tol={"float64": (1e-5, 1e-6)},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "write"), [("linear", None), ("linear", [0, 2]), ("circular", [3, 5])])
+def test_tensor_scatter_writes_the_cache(mode: str, write: list[int] | None) -> None:
+    from kernel_harness import check_node
+    from kernel_harness import one_node_model as node_model
+
+    rng = np.random.default_rng(4)
+    past = rng.uniform(-1, 1, size=(2, 3, 6, 4)).astype(np.float32)
+    update = rng.uniform(-1, 1, size=(2, 3, 2, 4)).astype(np.float32)
+    inits = {} if write is None else {"w": np.array(write, dtype=np.int64)}
+    model = node_model(
+        "TensorScatter", {"past": past, "update": update, "w": None}, ["y"], 24, initializers=inits, mode=mode
+    )
+    check_node(model, {"past": past, "update": update}, dtypes=("float32", "float64"), reference="onnx")
+    got = run_torch(model, {"past": past, "update": update})[0]
+    start = write or [0, 0]
+    for i in range(2):
+        for s in range(2):
+            np.testing.assert_array_equal(got[i, :, (start[i] + s) % 6], update[i, :, s])

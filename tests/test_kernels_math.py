@@ -123,3 +123,10 @@ def test_mel_weight_matrix() -> None:
     (y,) = run_torch(model, {})
     assert y.shape == (33, 8) and y.dtype == np.float32
     check_node(model, {}, dtypes=("float32",))
+
+
+def test_swiglu() -> None:
+    a, b = _f(2, 3, 8), _f(2, 3, 8)
+    model = one_node_model("SwiGLU", {"a": a, "b": b}, ["y"], 28, alpha=1.5)
+    # opset 28 is newer than onnxruntime 1.32's: onnx.reference alone
+    check_node(model, {"a": a, "b": b}, dtypes=("float32", "float64"), reference="onnx")

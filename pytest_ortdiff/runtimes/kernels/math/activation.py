@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = ['Celu', 'Elu', 'Gelu', 'HardSigmoid', 'HardSwish', 'LeakyRelu', 'Mish', 'PRelu', 'Selu', 'Softplus', 'Softsign', 'Swish', 'ThresholdedRelu']
+__all__ = ['Celu', 'Elu', 'Gelu', 'HardSigmoid', 'HardSwish', 'LeakyRelu', 'Mish', 'PRelu', 'Selu', 'Softplus', 'Softsign', 'SwiGLU', 'Swish', 'ThresholdedRelu']
 
 
 @kernel("LeakyRelu", since=1)
@@ -138,3 +138,17 @@ class Swish(Kernel):
         if self.alpha == 1.0:
             return (F.silu(x),)
         return (x * torch.sigmoid(x * self.alpha),)
+
+
+@kernel("SwiGLU", since=28)
+class SwiGLU(Kernel):
+    """Y = Swish_alpha(A) * B = A * Sigmoid(alpha * A) * B; A and B of one shape (no broadcasting)."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.alpha = float(self.attr("alpha", 1.0))
+
+    def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if a.shape != b.shape:
+            raise ValueError(f"SwiGLU takes A and B of one shape (no broadcasting); got {list(a.shape)} and {list(b.shape)}")
+        return (a * torch.sigmoid(self.alpha * a) * b,)

@@ -1,4 +1,4 @@
-"""Transformer-block kernels (ONNX's nn family): Attention (opset 23/25) and RotaryEmbedding.
+"""Transformer-block kernels (ONNX's nn family): Attention (opset 23/25), LinearAttention and RotaryEmbedding.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from ....dtypes import DType
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = ['Attention', 'Attention25', 'RotaryEmbedding']
+__all__ = ['Attention', 'Attention25', 'LinearAttention', 'RotaryEmbedding']
 
 
 _EPSILON_DEFAULT = torch.tensor(1e-5, dtype=torch.float32).item()
@@ -318,3 +318,88 @@ def _softmax(x: torch.Tensor) -> torch.Tensor:
         s = e.sum(dim=-1, keepdim=True)
     s = torch.where(s == 0, torch.ones((), dtype=x.dtype, device=x.device), s)
     return e / s
+
+
+_UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+def _heads(x: torch.Tensor, heads: int, what: str) -> torch.Tensor:
+    """[B, T, H*D] -> [B, H, T, D]."""
+    if x.dim() != 3:
+        raise ValueError(f"LinearAttention: {what} must be [B, T, H*D]; got shape {list(x.shape)}")
+    b, t, hd = x.shape
+    if hd % heads:
+        raise ValueError(f"LinearAttention: {what}'s last dim {hd} is not a multiple of {heads} heads")
+    return x.reshape(b, t, heads, hd // heads).transpose(1, 2)
+
+
+@kernel("LinearAttention", since=27)
+class LinearAttention(Kernel):
+    """The recurrence of linear attention run token by token (the spec's definition; `chunk_size` is a
+    tuning hint with no effect on values), in float32 (float64 in oracle mode), GQA by head groups."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.rule = str(self.attr("update_rule", "gated_delta"))
+        if self.rule not in _UPDATE_RULES:
+            raise UnsupportedVariantError(f"LinearAttention with update_rule={self.rule!r}: the spec defines {', '.join(_UPDATE_RULES)}")
+        self.q_heads = int(self.attr("q_num_heads", 0))
+        self.kv_heads = int(self.attr("kv_num_heads", 0))
+        if self.q_heads <= 0 or self.kv_heads <= 0 or self.q_heads % self.kv_heads:
+            raise ValueError(f"LinearAttention: q_num_heads ({self.q_heads}) must be a positive multiple of kv_num_heads ({self.kv_heads})")
+        self.scale = float(self.attr("scale", 0.0))
+        self.gated = self.rule in ("gated", "gated_delta")
+        self.delta = self.rule in ("delta", "gated_delta")
+
+    def run(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        past_state: torch.Tensor | None = None,
+        decay: torch.Tensor | None = None,
+        beta: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        if self.gated != (decay is not None):
+            raise ValueError(f"LinearAttention: update_rule {self.rule!r} {'needs' if self.gated else 'forbids'} the decay input")
+        if self.delta != (beta is not None):
+            raise ValueError(f"LinearAttention: update_rule {self.rule!r} {'needs' if self.delta else 'forbids'} the beta input")
+        wide = torch.float64 if query.dtype == torch.float64 else torch.float32
+        q = _heads(query, self.q_heads, "query").to(wide)
+        k = _heads(key, self.kv_heads, "key").to(wide)
+        v = _heads(value, self.kv_heads, "value").to(wide)
+        b, _, t, d_k = q.shape
+        d_v = v.shape[-1]
+        g = None
+        if decay is not None:
+            if decay.shape[-1] == self.kv_heads:
+                g = decay.reshape(b, t, self.kv_heads, 1).transpose(1, 2).to(wide)
+            else:
+                g = _heads(decay, self.kv_heads, "decay").to(wide)  # [B, H, T, d_k]
+        bt = None
+        if beta is not None:
+            bt = beta.reshape(b, t, beta.shape[-1], 1).transpose(1, 2).to(wide)
+        if past_state is not None:
+            if tuple(past_state.shape) != (b, self.kv_heads, d_k, d_v):
+                raise ValueError(f"LinearAttention: past_state {list(past_state.shape)} is not [{b}, {self.kv_heads}, {d_k}, {d_v}]")
+            state = past_state.to(wide)
+            state_dtype = past_state.dtype
+        else:
+            state = torch.zeros(b, self.kv_heads, d_k, d_v, dtype=wide, device=q.device)
+            state_dtype = query.dtype
+        scale = self.scale if self.scale else 1.0 / math.sqrt(d_k)
+        group = self.q_heads // self.kv_heads
+        outs = []
+        for i in range(t):  # the recurrence: each token's state depends on the previous one
+            k_t, v_t = k[:, :, i], v[:, :, i]
+            if g is not None:
+                state = state * torch.exp(g[:, :, i]).unsqueeze(-1)
+            if bt is not None:
+                retrieved = torch.einsum("bhdm,bhd->bhm", state, k_t)
+                v_t = bt[:, :, i] * (v_t - retrieved)
+            state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+            read = state if group == 1 else state.repeat_interleave(group, dim=1)
+            outs.append(scale * torch.einsum("bhd,bhdm->bhm", q[:, :, i], read))
+        out = torch.stack(outs, dim=2) if outs else q.new_zeros(b, self.q_heads, 0, d_v)
+        y = out.transpose(1, 2).reshape(b, t, self.q_heads * d_v)
+        return (y.to(query.dtype), state.to(state_dtype))

@@ -12,7 +12,7 @@ import torch
 
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = ['Compress', 'Gather', 'GatherElements', 'GatherND', 'NonZero', 'OneHot', 'ReverseSequence', 'Scatter', 'ScatterElements', 'ScatterND', 'Slice', 'Slice10', 'Trilu', 'Unique']
+__all__ = ['Compress', 'Gather', 'GatherElements', 'GatherND', 'NonZero', 'OneHot', 'ReverseSequence', 'Scatter', 'ScatterElements', 'ScatterND', 'Slice', 'Slice10', 'TensorScatter', 'Trilu', 'Unique']
 
 
 def _wrap(indices: torch.Tensor, size: int | torch.Tensor) -> torch.Tensor:
@@ -313,3 +313,42 @@ class Trilu(Kernel):
         if self.upper:
             return (torch.triu(x, diagonal),)
         return (torch.tril(x, diagonal),)
+
+
+@kernel("TensorScatter", since=24)
+class TensorScatter(Kernel):
+    """A KV-cache write: `update` copied into `past_cache` along `axis` from each batch row's write index
+    (`mode` linear, or circular modulo the cache's length)."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.mode = str(self.attr("mode", "linear"))
+        if self.mode not in ("linear", "circular"):
+            raise UnsupportedVariantError(f"TensorScatter with mode={self.mode!r}: the spec defines linear and circular")
+        self.axis = int(self.attr("axis", -2))
+
+    def run(
+        self, past: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        axis = self.axis % past.dim()
+        if axis == 0:
+            raise ValueError("TensorScatter: axis 0 is the batch axis; the sequence axis must come after it")
+        if past.dim() != update.dim() or any(
+            p != u for i, (p, u) in enumerate(zip(past.shape, update.shape, strict=True)) if i != axis
+        ):
+            raise ValueError(f"TensorScatter: update {list(update.shape)} does not fit cache {list(past.shape)} outside axis {axis}")
+        length, steps = past.shape[axis], update.shape[axis]
+        start = (
+            torch.zeros(past.shape[0], dtype=torch.int64, device=past.device)
+            if write_indices is None
+            else write_indices.to(torch.int64)
+        )
+        pos = start.reshape(-1, 1) + torch.arange(steps, device=past.device)  # [batch, steps]
+        if self.mode == "circular":
+            pos = pos % length
+        elif bool((pos >= length).any()) or bool((start < 0).any()):
+            raise ValueError(f"TensorScatter: write indices {start.tolist()} + {steps} steps leave the cache of length {length}")
+        shape = [1] * past.dim()
+        shape[0], shape[axis] = past.shape[0], steps
+        index = pos.reshape(shape).expand(update.shape)
+        return (past.scatter(axis, index, update),)
