@@ -22,6 +22,8 @@ from . import (  # noqa: F401  (registration)
     rnn,
     sequence,
     tensor,
+    traditionalml,
+    training,
 )
 from .base import (
     REGISTRY,
