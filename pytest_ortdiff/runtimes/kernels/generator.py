@@ -1,4 +1,5 @@
-"""Generator kernels (ONNX's generator family): Constant, ConstantOfShape, Range, EyeLike.
+"""Generator kernels (ONNX's generator family): Constant, ConstantOfShape, Range, EyeLike, and the random
+ops (RandomNormal/Uniform and their -Like forms, Bernoulli, Multinomial).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import torch
 from ...dtypes import DType
 from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = ['Constant', 'ConstantOfShape', 'EyeLike', 'Range']
+__all__ = [
+    'Bernoulli', 'Constant', 'ConstantOfShape', 'EyeLike', 'Multinomial', 'RandomNormal',
+    'RandomNormalLike', 'RandomUniform', 'RandomUniformLike', 'Range',
+]
 
 
 @kernel("ConstantOfShape", since=9)
@@ -123,3 +127,97 @@ class Constant(Kernel):
 
     def run(self) -> tuple[torch.Tensor, ...]:
         return (self.value,)
+
+
+# -- random ops ------------------------------------------------------------------------------------
+# Their values come from torch's generator: they honour shape, dtype, the distribution and the `seed`
+# attribute (the same seed gives the same values run after run), but can never equal another runtime's
+# draws. Without a seed they draw from torch's global generator, as the spec leaves it to the runtime.
+
+
+class _Random(Kernel):
+    """Shared by the random ops: the output dtype (`dtype` attribute, else `default`) and the generator."""
+
+    default_dtype: int | None = onnx.TensorProto.FLOAT
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        dt = self.attr("dtype", self.default_dtype)
+        self.onnx_dtype: int | None = None if dt is None else int(dt)
+        seed = self.attr("seed")
+        self.seed: int | None = None if seed is None else int(seed)
+
+    def out_dtype(self, like: torch.Tensor | None = None) -> torch.dtype:
+        if self.onnx_dtype is not None:
+            return self.ctx.torch_dtype(self.onnx_dtype)
+        assert like is not None
+        return like.dtype
+
+    def generator(self) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        g = torch.Generator(device=self.ctx.device)
+        g.manual_seed(self.seed)
+        return g
+
+    def _draw(self, shape: tuple[int, ...], dtype: torch.dtype, normal: bool) -> torch.Tensor:
+        # drawn in float64 (or float32) and cast: torch has no half-precision sampling on every device
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        out = torch.empty(shape, dtype=wide, device=self.ctx.device)
+        if normal:
+            out.normal_(float(self.attr("mean", 0.0)), float(self.attr("scale", 1.0)), generator=self.generator())
+        else:
+            out.uniform_(float(self.attr("low", 0.0)), float(self.attr("high", 1.0)), generator=self.generator())
+        return out.to(dtype)
+
+
+@kernel("RandomNormal", since=1)
+class RandomNormal(_Random):
+    def run(self) -> tuple[torch.Tensor, ...]:
+        return (self._draw(tuple(int(d) for d in self.attr("shape")), self.out_dtype(), normal=True),)
+
+
+@kernel("RandomUniform", since=1)
+class RandomUniform(_Random):
+    def run(self) -> tuple[torch.Tensor, ...]:
+        return (self._draw(tuple(int(d) for d in self.attr("shape")), self.out_dtype(), normal=False),)
+
+
+@kernel("RandomNormalLike", since=1)
+class RandomNormalLike(_Random):
+    default_dtype = None
+
+    def run(self, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (self._draw(tuple(like.shape), self.out_dtype(like), normal=True),)
+
+
+@kernel("RandomUniformLike", since=1)
+class RandomUniformLike(_Random):
+    default_dtype = None
+
+    def run(self, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (self._draw(tuple(like.shape), self.out_dtype(like), normal=False),)
+
+
+@kernel("Bernoulli", since=15)
+class Bernoulli(_Random):
+    """1 with probability p (the input), else 0, in `dtype` (default the input's)."""
+
+    default_dtype = None
+
+    def run(self, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        wide = p.double() if p.dtype == torch.float64 else p.float()
+        return (torch.bernoulli(wide, generator=self.generator()).to(self.out_dtype(p)),)
+
+
+@kernel("Multinomial", since=7)
+class Multinomial(_Random):
+    """`sample_size` class indices per batch row, drawn from the softmax of the unnormalized log-probabilities."""
+
+    default_dtype = onnx.TensorProto.INT32
+
+    def run(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = int(self.attr("sample_size", 1))
+        probs = torch.softmax(logits.double(), dim=-1)
+        idx = torch.multinomial(probs, n, replacement=True, generator=self.generator())
+        return (idx.to(self.out_dtype()),)
