@@ -75,7 +75,7 @@ RANDOM_OPS = frozenset(
     {"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike"}
 )
 
-_TORCHLESS_DTYPES = ("float8", "float4", "int4", "uint4", "int2", "uint2")
+_TORCHLESS_DTYPES = ("float4_", "float6_")  # float8 and 2/4-bit values are torch tensors (kernels/quantization.py)
 
 
 @dataclass(frozen=True)

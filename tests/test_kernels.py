@@ -519,7 +519,7 @@ def test_cast_in_oracle_mode_keeps_float64() -> None:
 
 @pytest.mark.parametrize(
     "to",
-    [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2, TensorProto.STRING, TensorProto.INT4],
+    [TensorProto.STRING, TensorProto.FLOAT4E2M1],
     ids=lambda t: TensorProto.DataType.Name(t).lower(),
 )
 def test_cast_refuses_unsupported_targets(to: int) -> None:

@@ -372,7 +372,9 @@ def _feed_spec(declared: onnx.TypeProto.Tensor) -> tuple[onnx.TypeProto.Tensor, 
     try:
         want = DType(declared.elem_type).torch if declared.elem_type else None
     except ValueError:  # no torch dtype: a feed of it is refused when it comes, as before the specs
-        want = _NO_TORCH_DTYPE
+        from .kernels.quantization import FLOAT8_TYPES, SUB_BYTE_TYPES
+
+        want = FLOAT8_TYPES.get(declared.elem_type) or SUB_BYTE_TYPES.get(declared.elem_type) or _NO_TORCH_DTYPE
     dims = None
     if declared.HasField("shape"):
         dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in declared.shape.dim)

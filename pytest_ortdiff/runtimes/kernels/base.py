@@ -46,7 +46,8 @@ class KernelContext:
             t = from_onnx_tensor(value)
         else:
             t = torch.as_tensor(value)
-        if self.compute_dtype is not None and t.is_floating_point():
+        # float8 values stay float8 in the oracle: their rounding is the model's arithmetic (as int8's is)
+        if self.compute_dtype is not None and t.is_floating_point() and t.element_size() >= 2:
             t = t.to(self.compute_dtype)
         elif onnx_type is not None:
             t = t.to(self.torch_dtype(onnx_type))

@@ -1,4 +1,5 @@
-"""Matrix-product kernels (ONNX's math family): MatMul, Gemm, Einsum.
+"""Matrix-product kernels (ONNX's math family): MatMul, Gemm, Einsum, and the quantized MatMulInteger and
+QLinearMatMul.
 """
 
 from __future__ import annotations
@@ -6,9 +7,10 @@ from __future__ import annotations
 import onnx
 import torch
 
-from ..base import Kernel, KernelContext, kernel
+from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from ..quantization import float8_cast, integer_range
 
-__all__ = ['Einsum', 'Gemm', 'MatMul']
+__all__ = ['Einsum', 'Gemm', 'MatMul', 'MatMulInteger', 'QLinearMatMul', 'QLinearMatMul21']
 
 
 # float16/bfloat16 operands contract in float32, rounded once at the end (onnx.reference does so for
@@ -95,3 +97,78 @@ class Einsum(Kernel):
         if wide == dtype:
             return (torch.einsum(self.equation, *operands),)
         return (torch.einsum(self.equation, *(x.to(wide) for x in operands)).to(dtype),)
+
+
+def _row_param(p: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor | None:
+    """A per-row parameter of A (1-D, one per row) as a column that broadcasts over A's columns; scalars
+    and N-D parameters as given (numpy broadcasting)."""
+    if p is None or p.dim() != 1 or p.numel() == 1 or a.dim() < 2:
+        return p
+    if p.numel() != a.shape[-2]:
+        raise ValueError(f"a per-row zero point/scale of A has {a.shape[-2]} elements (A is {tuple(a.shape)}); got {p.numel()}")
+    return p.reshape(-1, 1)
+
+
+def _centered(x: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:
+    """x - zero_point, exactly, in float64: the operands of an integer product (|value| < 2**16, so every
+    partial sum of fewer than 2**37 products is an exact float64, and float64 matmul runs on every device)."""
+    xd = x.to(torch.float64)  # float8 operands of QLinearMatMul 21 too: exact
+    return xd if zero_point is None else xd - zero_point.to(torch.float64)
+
+
+@kernel("MatMulInteger", since=10)
+class MatMulInteger(Kernel):
+    """int32 (A - a_zero_point) @ (B - b_zero_point), exact; zero points per tensor, per row of A, per column of B."""
+
+    def run(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_zero_point: torch.Tensor | None = None,
+        b_zero_point: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        y = torch.matmul(_centered(a, _row_param(a_zero_point, a)), _centered(b, b_zero_point))
+        return (y.to(torch.int32),)
+
+
+@kernel("QLinearMatMul", since=10)
+class QLinearMatMul(Kernel):
+    """saturate(round((A - a_zp) @ (B - b_zp) * (a_scale * b_scale / y_scale)) + y_zp) to y_zp's type: the
+    product exact, the requantization in float32 (float64 when the scales are) and rounded half to even, as
+    onnxruntime does. Scales and zero points per tensor, per row of A, per column of B."""
+
+    def run(
+        self,
+        a: torch.Tensor,
+        a_scale: torch.Tensor,
+        a_zero_point: torch.Tensor | None,
+        b: torch.Tensor,
+        b_scale: torch.Tensor,
+        b_zero_point: torch.Tensor | None,
+        y_scale: torch.Tensor,
+        y_zero_point: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        acc = torch.matmul(_centered(a, _row_param(a_zero_point, a)), _centered(b, b_zero_point))
+        compute = torch.float64 if a_scale.dtype == torch.float64 else torch.float32
+        a_s, y_s = _row_param(a_scale, a), _row_param(y_scale, a)
+        assert a_s is not None and y_s is not None
+        multiplier = a_s.to(compute) * b_scale.to(compute) / y_s.to(compute)
+        y = acc.to(compute) * multiplier
+        out_dtype = y_zero_point.dtype if y_zero_point is not None else a.dtype
+        zp = _row_param(y_zero_point, a)
+        if out_dtype.is_floating_point:
+            if zp is not None:
+                y = y + zp.to(compute)
+            return (float8_cast(y, out_dtype, saturate=True),)
+        bounds = integer_range(out_dtype)
+        if bounds is None:
+            raise UnsupportedVariantError(f"QLinearMatMul to {out_dtype}: not a quantized type of the spec")
+        q = torch.round(y)
+        if zp is not None:
+            q = q + zp.to(compute)
+        return (q.clamp_(*bounds).to(out_dtype),)
+
+
+@kernel("QLinearMatMul", since=21)
+class QLinearMatMul21(QLinearMatMul):
+    """Adds float16/bfloat16 scales and float8 operands."""
