@@ -106,7 +106,7 @@ class Squeeze13(Kernel):
     """Opset 13+: axes in an optional int64 input."""
 
     def run(self, x: torch.Tensor, axes: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        return (_squeeze(x, () if axes is None else axes.tolist()),)
+        return (_squeeze(x, () if axes is None else axes.reshape(-1).tolist()),)
 
 
 @kernel("Unsqueeze", since=1)
@@ -126,7 +126,7 @@ class Unsqueeze13(Kernel):
     """Opset 13+: axes in a required int64 input."""
 
     def run(self, x: torch.Tensor, axes: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (_unsqueeze(x, axes.tolist()),)
+        return (_unsqueeze(x, axes.reshape(-1).tolist()),)
 
 
 @kernel("Concat", since=1)
