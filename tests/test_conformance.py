@@ -22,9 +22,12 @@ from pytest_ortdiff.conformance import KNOWN_UNSUPPORTED, CaseResult
 #: and its entry goes. A variant the evaluator cannot compute on purpose goes to KNOWN_UNSUPPORTED instead.
 KNOWN_BUGS: dict[str, str] = {}
 
-#: the coverage goal
-GOAL_PASS = 800
-GOAL_MAX_WRONG = 10
+#: the coverage goal (issue 10: at least 1,450 passing; onnxruntime's CPU provider passes 1,323 and
+#: onnx.reference 1,661 with the same counting). The wrong ones are all in KNOWN_UNSUPPORTED with why: 6
+#: Attention cases where onnx.reference rounds step by step in 16 bits, 2 inverse DFTs whose expected
+#: values carry numpy's round-off.
+GOAL_PASS = 1750
+GOAL_MAX_WRONG = 8
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
