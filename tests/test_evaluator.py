@@ -281,14 +281,18 @@ def _hardmax_model() -> onnx.ModelProto:
     return make_model([node], [vi("x", TP.FLOAT, [2, 3])], [vi("y", TP.FLOAT, [2, 3])])
 
 
+FUSED_MATMUL_DICT = 'kernels={("com.microsoft", "FusedMatMul"): "ort"}'
+
+
 def test_missing_kernel_names_the_op_and_suggests_ort() -> None:
     assert "com.microsoft::FusedMatMul" not in known_ops()
     with pytest.raises(MissingKernelError) as info:
         TorchEvaluator(_fused_matmul_model())
     msg = str(info.value)
-    assert msg.startswith("no torch kernel for com.microsoft::FusedMatMul (opset 1); known ops: Abs, Add, ")
-    assert "LayerNormalization" in msg and "MatMul" in msg
-    assert msg.endswith("run it with onnxruntime instead: TorchEvaluator(model, kernels={('com.microsoft', 'FusedMatMul'): 'ort'})")
+    assert msg.startswith(f"no torch kernel for com.microsoft::FusedMatMul (opset 1); run it on onnxruntime: TorchEvaluator(model, {FUSED_MATMUL_DICT}), ")
+    assert 'or every op without a kernel: TorchEvaluator(model, missing="ort"); known ops: ' in msg
+    assert "known ops: Abs, " in msg and ", LayerNormalization, " in msg and ", MatMul, " in msg
+    assert info.value.ops == ("com.microsoft::FusedMatMul",)
     assert isinstance(info.value, NotImplementedError)
 
 
@@ -299,29 +303,62 @@ def test_missing_kernel_suggestion_works() -> None:
     (y,) = ev.run(None, {"x": x, "w": w})
     assert y.dtype == torch.float32
     assert_close(y, 2.0 * x.double().numpy() @ w.double().numpy(), atol=1e-6, rtol=1e-6)
+    assert ev.ops_run_by_ort == ()  # an override, not missing="ort"
 
 
-def test_missing_standard_op_hardmax() -> None:
-    assert "Hardmax" not in known_ops()  # pick another op without a kernel if Hardmax gets one
-    with pytest.raises(MissingKernelError, match=re.escape("no torch kernel for Hardmax (opset 18); known ops: ")) as info:
-        TorchEvaluator(_hardmax_model())
-    assert str(info.value).endswith("TorchEvaluator(model, kernels={('', 'Hardmax'): 'ort'})")
-    x = torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])
-    (y,) = TorchEvaluator(_hardmax_model(), kernels={("", "Hardmax"): "ort"}).run(None, {"x": x})
-    assert torch.equal(y, torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]))
-
-
-def test_missing_kernels_are_all_listed() -> None:
+def _two_missing_ops_model() -> onnx.ModelProto:
+    """FusedMatMul in the main graph, BiasGelu inside an If branch (com.microsoft contrib ops: onnxruntime
+    runs them, the evaluator has no kernel for them), Relu in the other branch."""
+    then = oh.make_graph([oh.make_node("BiasGelu", ["t", "bias"], ["g"], domain="com.microsoft", name="bias_gelu")], "then", [], [vi("g", TP.FLOAT, [2, 4])])
+    other = oh.make_graph([oh.make_node("Relu", ["t"], ["r"], name="relu")], "else", [], [vi("r", TP.FLOAT, [2, 4])])
     nodes = [
-        oh.make_node("Hardmax", ["x"], ["h"], name="hm"),
-        oh.make_node("MatMul", ["h", "w"], ["t"], name="mm"),
-        oh.make_node("FusedMatMul", ["t", "v"], ["y"], domain="com.microsoft", name="fmm"),
+        oh.make_node("FusedMatMul", ["x", "w"], ["t"], domain="com.microsoft", alpha=2.0, name="fmm"),
+        oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="branch"),
     ]
-    model = make_model(nodes, [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4]), vi("v", TP.FLOAT, [4, 4])], [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
+    inputs = [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4]), vi("bias", TP.FLOAT, [4]), vi("c", TP.BOOL, [])]
+    return make_model(nodes, inputs, [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
+
+
+def _two_missing_feeds(c: bool) -> dict[str, torch.Tensor]:
+    return {"x": torch.linspace(-1, 1, 6).reshape(2, 3), "w": torch.linspace(-2, 2, 12).reshape(3, 4), "bias": torch.tensor([0.5, -0.5, 1.0, 0.0]), "c": torch.tensor(c)}
+
+
+def test_missing_kernels_are_all_named_with_the_one_dict_that_runs_the_model() -> None:
     with pytest.raises(MissingKernelError) as info:
-        TorchEvaluator(model)
-    assert "com.microsoft::FusedMatMul (opset 1)" in str(info.value)
-    assert "Hardmax (opset 18)" in str(info.value)
+        TorchEvaluator(_two_missing_ops_model())
+    msg = str(info.value)
+    assert info.value.ops == ("com.microsoft::BiasGelu", "com.microsoft::FusedMatMul")  # the one in the If branch too
+    assert msg.startswith("no torch kernel for com.microsoft::BiasGelu (opset 1), com.microsoft::FusedMatMul (opset 1); run them on onnxruntime: ")
+    hint = re.search(r"TorchEvaluator\(model, kernels=(\{.*?\})\)", msg)
+    assert hint is not None
+    assert hint.group(1) == '{("com.microsoft", "BiasGelu"): "ort", ("com.microsoft", "FusedMatMul"): "ort"}'
+    # the suggested dict, taken from the message as written, runs the model as onnxruntime does
+    ev = TorchEvaluator(_two_missing_ops_model(), kernels=eval(hint.group(1)))
+    for c in (True, False):
+        feeds = _two_missing_feeds(c)
+        (y,) = ev.run(None, feeds)
+        (expected,) = OrtRunner(_two_missing_ops_model()).run(None, feeds)
+        torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-6)
+    # the exception keeps its ops across pickling (pytest-xdist workers)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(info.value)).ops == info.value.ops
+
+
+def test_missing_ort_runs_every_op_without_a_kernel_on_onnxruntime_and_names_them() -> None:
+    ev = TorchEvaluator(_two_missing_ops_model(), missing="ort")
+    assert ev.ops_run_by_ort == ("com.microsoft::BiasGelu", "com.microsoft::FusedMatMul")
+    values = ev.run(None, _two_missing_feeds(True), intermediates=True)
+    (expected,) = OrtRunner(_two_missing_ops_model()).run(None, _two_missing_feeds(True))
+    torch.testing.assert_close(values["y"], expected, rtol=1e-5, atol=1e-6)
+    assert "g" in values  # the If branch's value, computed by onnxruntime inside the torch evaluator
+    assert TorchEvaluator(_hardmax_model(), missing="ort").ops_run_by_ort in ((), ("Hardmax",))
+    assert TorchEvaluator(models.layer_norm_matmul_add(dtype="float32"), missing="ort").ops_run_by_ort == ()
+
+
+def test_missing_must_be_error_or_ort() -> None:
+    with pytest.raises(ValueError, match=r"missing='skip' is not valid; use 'error' \(name the ops without a torch kernel\) or 'ort' \(run them on onnxruntime\)"):
+        TorchEvaluator(_fused_matmul_model(), missing="skip")  # type: ignore[arg-type]
 
 
 def test_kernel_failing_at_run_time_names_node_op_and_shapes(m16: onnx.ModelProto, f16: dict) -> None:

@@ -1,32 +1,50 @@
-"""TorchEvaluator: runs an ONNX graph node by node with torch kernels, on CPU or CUDA.
+"""TorchEvaluator: runs an ONNX graph node by node with torch kernels, on CPU or CUDA, subgraphs included.
 
 Kernels come from the opset-aware registry unless `kernels=` overrides them per op type, node name or
-predicate; `compute_dtype=torch.float64` turns it into the float64 oracle.
+predicate (inside If/Loop/Scan bodies too); `compute_dtype=torch.float64` turns it into the float64 oracle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import onnx
 import torch
 
 from ..dtypes import DType, dtype_of
 from . import kernels as _kernels  # registers every kernel family
-from .kernels.base import Kernel, KernelContext, lookup
+from .kernels.base import Kernel, KernelContext, UnsupportedVariantError, lookup
 from .ort import load_model
 from .tensors import to_torch
 
-__all__ = ["KernelOverride", "MissingKernelError", "TorchEvaluator"]
+__all__ = ["EvaluatorContext", "KernelOverride", "MissingKernelError", "Subgraph", "TorchEvaluator"]
 
 KernelOverride = Any  # "torch" | "ort" | "float64" | Callable[..., Tensor | tuple[Tensor, ...]]
 _KEY_HELP = 'keys: an op type ("", "LayerNormalization"), a node name, or a predicate f(node) -> bool; values: "torch", "ort", "float64" or a callable f(*inputs)'
+_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 class MissingKernelError(NotImplementedError):
-    """The evaluator has no torch kernel for some op of the model."""
+    """The evaluator has no torch kernel for some ops of the model: `.ops` names them all (sorted labels,
+    "Conv" for the default domain, "com.microsoft::FusedMatMul" otherwise)."""
+
+    def __init__(self, message: str, ops: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.ops: tuple[str, ...] = tuple(ops)
+
+    def __reduce__(self) -> Any:  # keeps `.ops` across pickling (pytest-xdist workers)
+        return (type(self), (str(self), self.ops))
+
+
+@dataclass(frozen=True)
+class EvaluatorContext(KernelContext):
+    """A KernelContext that can also compile a graph attribute (a branch, a loop body) into a Subgraph run
+    by the same evaluator: `ctx.subgraph(graph)`. Only kernels built by TorchEvaluator get one."""
+
+    subgraph: Callable[[onnx.GraphProto], Subgraph] | None = field(default=None, compare=False, repr=False)
 
 
 class _CallableKernel(Kernel):
@@ -50,19 +68,34 @@ class _Float64Kernel(Kernel):
         self.inner = inner
         self.out_dtypes = out_dtypes
 
-    def run(self, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        wide = [x.to(torch.float64) if x is not None and x.is_floating_point() else x for x in inputs]
-        outs = self.inner.run(*wide)
-        return tuple(
-            o.to(dt) if dt is not None and o.is_floating_point() and o.dtype != dt else o
-            for o, dt in zip(outs, self.out_dtypes, strict=False)
-        )
+    def run(self, *inputs: Any) -> tuple[Any, ...]:
+        outs = self.inner.run(*[_to_float64(x) for x in inputs])
+        return tuple(_cast_back(o, dt) for o, dt in zip(outs, self.out_dtypes, strict=False))
+
+
+def _to_float64(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.float64) if x.is_floating_point() else x
+    if isinstance(x, list):  # a sequence
+        return [_to_float64(e) for e in x]
+    return x
+
+
+def _cast_back(x: Any, dt: torch.dtype | None) -> Any:
+    if dt is None:
+        return x
+    if isinstance(x, torch.Tensor):
+        return x.to(dt) if x.is_floating_point() and x.dtype != dt else x
+    if isinstance(x, list):
+        return [_cast_back(e, dt) for e in x]
+    return x
 
 
 # How a step fetches its inputs: the common one- and two-input nodes index the values directly (no
 # argument list built per node); nodes with more inputs go through an itemgetter, and the rare ones
-# with an omitted optional input (or none at all) through the general path.
-_GENERAL, _UNARY, _BINARY, _MANY = 0, 1, 2, 3
+# with an omitted optional input (or none at all) through the general path. _COLLECT is a node with a
+# subgraph in a run that keeps every value: its kernel also gets the values, to put its body's in.
+_GENERAL, _UNARY, _BINARY, _MANY, _COLLECT = 0, 1, 2, 3, 4
 _NO_TORCH_DTYPE: Any = object()  # a declared input type DType does not know
 
 
@@ -70,7 +103,7 @@ class _Step(NamedTuple):
     """One node of a run's plan, with everything the hot loop needs resolved once."""
 
     run: Callable[..., Any]  # the kernel's bound run
-    arity: int  # _UNARY, _BINARY, _MANY or _GENERAL
+    arity: int  # _UNARY, _BINARY, _MANY, _GENERAL or _COLLECT
     a: str | None  # first input (_UNARY, _BINARY)
     b: str | None  # second input (_BINARY)
     get: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None  # all inputs (_MANY)
@@ -82,13 +115,15 @@ class _Step(NamedTuple):
     inputs: tuple[str, ...]
 
 
-def _step(k: Kernel, ins: tuple[str, ...], outs: tuple[str, ...], free: tuple[str, ...]) -> _Step:
-    if ins and all(ins):
+def _step(k: Kernel, ins: tuple[str, ...], outs: tuple[str, ...], free: tuple[str, ...], collect: bool) -> _Step:
+    if collect:
+        arity = _COLLECT
+    elif ins and all(ins):
         arity = _UNARY if len(ins) == 1 else _BINARY if len(ins) == 2 else _MANY
     else:
         arity = _GENERAL
     return _Step(
-        run=k.run,
+        run=k.run_collecting if collect else k.run,  # type: ignore[attr-defined]
         arity=arity,
         a=ins[0] if arity in (_UNARY, _BINARY) else None,
         b=ins[1] if arity == _BINARY else None,
@@ -102,6 +137,164 @@ def _step(k: Kernel, ins: tuple[str, ...], outs: tuple[str, ...], free: tuple[st
     )
 
 
+def _build_plan(
+    nodes: Sequence[onnx.NodeProto],
+    kernels: Sequence[Kernel | None],
+    step_inputs: Sequence[tuple[str, ...]],
+    outputs: Sequence[str],
+    keep_all: bool,
+) -> tuple[_Step, ...]:
+    """The steps computing `outputs`: only the nodes they depend on, in graph order, each freeing the
+    values it is the last to read (nothing with `keep_all`, whose nodes with a subgraph collect theirs)."""
+    produced = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    needed: set[int] = set()
+    stack = [produced[o] for o in outputs if o in produced]
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        stack.extend(produced[x] for x in step_inputs[i] if x in produced)
+    order = sorted(needed)
+    last_use: dict[str, int] = {}
+    for i in order:
+        for x in step_inputs[i]:
+            if x:
+                last_use[x] = i
+    keep = set(outputs)
+    steps = []
+    for i in order:
+        k = kernels[i]
+        assert k is not None  # a missing kernel raised MissingKernelError before any plan
+        ins = step_inputs[i]
+        free: tuple[str, ...] = ()
+        if not keep_all:
+            free = tuple(sorted({x for x in ins if x and last_use.get(x) == i and x not in keep}))
+        collect = keep_all and hasattr(k, "run_collecting")
+        steps.append(_step(k, ins, tuple(nodes[i].output), free, collect))
+    return tuple(steps)
+
+
+class _NodeFailed(RuntimeError):
+    """A kernel raised: names the node, its op and its inputs (the kernel's exception is the cause)."""
+
+
+def _execute(plan: tuple[_Step, ...], values: dict[Any, Any]) -> None:
+    """Runs `plan` on `values` (which it fills with the outputs and empties of the freed values)."""
+    # The hot loop: everything per node was resolved into its _Step by _build_plan. No per-node
+    # bookkeeping for errors either: `step` is still the failing node when the except runs.
+    step: _Step | None = None
+    try:
+        for step in plan:
+            run, arity, a, b, get, out, outs, free1, free, _, _ = step
+            if arity == _BINARY:
+                res = run(values[a], values[b])
+            elif arity == _UNARY:
+                res = run(values[a])
+            elif arity == _MANY:
+                res = run(*get(values))  # type: ignore[misc]
+            elif arity == _GENERAL:
+                res = run(*[values[x] if x else None for x in step.inputs])
+            else:  # _COLLECT
+                res = run(values, *[values[x] if x else None for x in step.inputs])
+            if out is not None:
+                values[out] = res[0]
+            else:
+                values.update(zip(outs, res, strict=False))
+            if free1 is not None:
+                del values[free1]
+            elif free:
+                for x in free:
+                    del values[x]
+    except Exception as exc:
+        if step is None:  # an empty plan runs nothing that can fail; for the type checker
+            raise
+        raise _failure(step, values, exc) from (exc.__cause__ if isinstance(exc, _NodeFailed) else exc)
+
+
+def _failure(step: _Step, values: Mapping[str, Any], exc: Exception) -> _NodeFailed:
+    node = step.kernel.node
+    if isinstance(exc, _NodeFailed):  # a node of this one's subgraph: say where it sits
+        return _NodeFailed(f"{exc} (inside {node.op_type} node {node.name or '?'!r})")
+    described = ", ".join(_describe_value(x, values.get(x)) for x in step.inputs)
+    why = str(exc)
+    if isinstance(exc, IndexError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None:
+        why = f"it returned no outputs, the node has {len(step.outputs)}"  # res[0] in _execute, not the kernel
+    return _NodeFailed(f"torch kernel {type(step.kernel).__name__} failed on node {node.name or '?'!r} ({node.op_type}) with inputs {described}: {why}")
+
+
+class Subgraph:
+    """A graph attribute (If's branches, Loop's and Scan's body, SequenceMap's body) compiled once, by the
+    evaluator running its node: the same kernel registry, overrides, device and compute_dtype.
+
+    `run(args, scope)` binds `args` to its inputs and returns its outputs; `scope(outer)` is what every run
+    starts from: the outer-scope values it reads (`outer_inputs`, subgraphs inside it included) and its
+    initializers. With `collect` (a dict), every value the run computed goes into it as well.
+    """
+
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        kernels: list[Kernel | None],
+        step_inputs: list[tuple[str, ...]],
+        initializers: dict[str, Any],
+    ) -> None:
+        self.name = graph.name
+        self.nodes = list(graph.node)
+        self.kernels = kernels
+        self.inputs = tuple(vi.name for vi in graph.input)
+        self.outputs = tuple(vi.name for vi in graph.output)
+        #: the declared type of each output (what a loop that runs no iteration makes its scan outputs of)
+        self.output_types = tuple(vi.type for vi in graph.output)
+        self._step_inputs = step_inputs
+        self._initializers = initializers
+        defined = set(self.inputs) | set(initializers) | {o for n in self.nodes for o in n.output if o}
+        used = [x for ins in step_inputs for x in ins if x] + list(self.outputs)
+        #: the values of enclosing graphs it reads, in a fixed order
+        self.outer_inputs = tuple(dict.fromkeys(x for x in used if x not in defined))
+        self._plan: tuple[_Step, ...] = ()
+        self._plan_all: tuple[_Step, ...] = ()
+
+    def prepare(self) -> None:
+        """Builds the plans, once every kernel (of this graph and the graphs around it) exists."""
+        self._plan = _build_plan(self.nodes, self.kernels, self._step_inputs, self.outputs, keep_all=False)
+        self._plan_all = _build_plan(self.nodes, self.kernels, self._step_inputs, self.outputs, keep_all=True)
+
+    def scope(self, outer: Mapping[str, Any]) -> dict[str, Any]:
+        values = {name: outer[name] for name in self.outer_inputs}
+        values.update(self._initializers)
+        return values
+
+    def run(self, args: Sequence[Any], scope: Mapping[str, Any], collect: dict[str, Any] | None = None) -> list[Any]:
+        values = dict(scope)
+        values.update(zip(self.inputs, args, strict=False))
+        if collect is None:
+            _execute(self._plan, values)
+        else:
+            _execute(self._plan_all, values)
+            values.pop("", None)
+            collect.update(values)
+        return [values[o] for o in self.outputs]
+
+    def __repr__(self) -> str:
+        return f"Subgraph({self.name!r}, {len(self.nodes)} nodes, inputs {list(self.inputs)}, outer {list(self.outer_inputs)})"
+
+
+class _Compiler:
+    """What `EvaluatorContext.subgraph` calls: the evaluator compiling a subgraph, with the override its node
+    hands down to the body's nodes ("ort", "float64" or none). Detached once the evaluator is built, so
+    that kernels do not keep the evaluator alive."""
+
+    def __init__(self, evaluator: TorchEvaluator, inherited: str | None) -> None:
+        self.evaluator: TorchEvaluator | None = evaluator
+        self.inherited = inherited
+
+    def __call__(self, graph: onnx.GraphProto) -> Subgraph:
+        if self.evaluator is None:
+            raise RuntimeError("subgraphs are compiled while TorchEvaluator builds its kernels, not after")
+        return self.evaluator._compile(graph, self.inherited)
+
+
 class TorchEvaluator:
     """Runs `model` with torch kernels.
 
@@ -110,9 +303,16 @@ class TorchEvaluator:
       op type string that names no node), a node name, or a predicate `f(node) -> bool`; a value is
       `"torch"`, `"ort"` (the node run by onnxruntime on the matching provider), `"float64"` (the torch
       kernel computed in float64, cast back) or a callable `f(*inputs)`. Node names win over op types,
-      op types over predicates.
+      op types over predicates. Keys reach the nodes inside If/Loop/Scan/SequenceMap bodies too; "ort" or
+      "float64" on a node with a body applies to every node of the body without an override of its own
+      (the control flow itself stays in torch: it computes nothing).
     - `compute_dtype=torch.float64`: every floating tensor, initializer and Cast target promoted to
-      float64 — the oracle. Declared output dtypes stay available in `output_dtypes`.
+      float64 — the oracle (subgraphs included). Declared output dtypes stay available in `output_dtypes`.
+    - `missing`: "error" (default) raises MissingKernelError naming every op without a torch kernel, with
+      the `kernels={...}` that runs them; "ort" runs each such node on onnxruntime (as the "ort" override
+      does) and lists those ops in `ops_run_by_ort`.
+
+    Values: tensors; a sequence is a Python list of tensors; an empty optional is None.
     """
 
     def __init__(
@@ -123,6 +323,7 @@ class TorchEvaluator:
         kernels: Mapping[Any, KernelOverride] | None = None,
         compute_dtype: torch.dtype | str | None = None,
         check_model: bool = True,
+        missing: Literal["error", "ort"] = "error",
     ) -> None:
         self.model = load_model(model)
         if check_model:
@@ -130,6 +331,9 @@ class TorchEvaluator:
                 onnx.checker.check_model(self.model)
             except onnx.checker.ValidationError as exc:
                 raise ValueError(f"the model fails onnx.checker: {str(exc).strip().splitlines()[0]}; fix the graph (or pass check_model=False to try anyway)") from None
+        if missing not in ("error", "ort"):
+            raise ValueError(f"missing={missing!r} is not valid; use 'error' (name the ops without a torch kernel) or 'ort' (run them on onnxruntime)")
+        self.missing = missing
         self.device = torch.device(device)
         if isinstance(compute_dtype, str):
             try:
@@ -141,22 +345,28 @@ class TorchEvaluator:
         self.compute_dtype = compute_dtype
         graph = self.model.graph
         self.opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in self.model.opset_import}
-        self._ctx = {domain: KernelContext(self.device, version, compute_dtype) for domain, version in self.opsets.items()}
-        default_ctx = KernelContext(self.device, self.opsets.get("", 1), compute_dtype)
+        self._compilers: list[_Compiler] = []
+        self._ctxs: dict[tuple[str, str | None], EvaluatorContext] = {}
+        self._ctx = {domain: self._context(domain) for domain in self.opsets}
+        default_ctx = self._context("")
+        _refuse_untorchable(graph, "the model's")
 
         self.input_types = {}
+        self._input_kinds: dict[str, onnx.TypeProto] = {}  # sequence and optional inputs: their full type
         init_names = {i.name for i in graph.initializer}
         for vi in graph.input:
             if vi.name in init_names:
                 continue
             self.input_types[vi.name] = vi.type.tensor_type
+            if vi.type.WhichOneof("value") != "tensor_type":
+                self._input_kinds[vi.name] = vi.type
         # per input, resolved once: (declared, torch dtype or None, fixed dims by axis or None when the
         # rank is unknown); run() checks feeds against these and describes `declared` only on failure
         self._feed_specs = {name: _feed_spec(t) for name, t in self.input_types.items()}
         self.output_names = [o.name for o in graph.output]
         self._output_tuple = tuple(self.output_names)
-        self._value_types = self._infer_types()
-        #: declared dtype of every graph output (what a non-oracle run produces)
+        self._value_types, self._element_types = self._infer_types()
+        #: declared dtype of every graph output (what a non-oracle run produces; None for a sequence)
         self.output_dtypes = {n: self._declared_torch_dtype(n) for n in self.output_names}
 
         self._initializers: dict[str, torch.Tensor] = {}
@@ -164,42 +374,76 @@ class TorchEvaluator:
             self._initializers[init.name] = default_ctx.tensor(init)
 
         self.nodes = list(graph.node)
+        self._all_nodes = [n for g in _graphs(graph) for n in g.node]
+        self._node_names = {n.name for n in self._all_nodes if n.name}
+        self._op_types = {n.op_type for n in self._all_nodes}
         self._overrides = dict(kernels or {})
         self._validate_overrides()
-        self._kernels: list[Kernel] = []
-        missing: list[str] = []
-        for node in self.nodes:
-            k = self._make_kernel(node, self._ctx.get(node.domain or "", default_ctx), missing)
-            self._kernels.append(k)  # type: ignore[arg-type]
-        if missing:
-            ops = sorted(set(missing))
-            first = ops[0].split(" ")[0]
-            dom, _, op = first.rpartition("::")
-            raise MissingKernelError(
-                f"no torch kernel for {', '.join(ops)}; known ops: {', '.join(_kernels.known_ops())}; "
-                f"run it with onnxruntime instead: TorchEvaluator(model, kernels={{({dom!r}, {op!r}): 'ort'}})"
-            )
+        self._missing: dict[str, int] = {}  # op label -> opset, for the error
+        self._by_ort: set[str] = set()
+        self._records: list[tuple[onnx.NodeProto, Kernel | None, tuple[str, ...]]] = []
+        self._subgraphs: list[Subgraph] = []
+        try:
+            self._kernels: list[Kernel] = []
+            self._inputs: list[tuple[str, ...]] = []
+            for node in self.nodes:
+                k, ins = self._add_node(node, None)
+                self._kernels.append(k)  # type: ignore[arg-type]
+                self._inputs.append(ins)
+        finally:
+            for c in self._compilers:  # kernels keep their contexts; these must not keep the evaluator
+                c.evaluator = None
+        if self._missing:
+            raise _missing_error(self._missing)
+        #: sorted labels of the ops without a torch kernel that missing="ort" runs on onnxruntime
+        self.ops_run_by_ort: tuple[str, ...] = tuple(sorted(self._by_ort))
+        for sg in self._subgraphs:
+            sg.prepare()
         self._plans: dict[tuple[tuple[str, ...], bool], tuple[_Step, ...]] = {}
 
     # -- construction ------------------------------------------------------------------------
-    def _infer_types(self) -> dict[str, onnx.TypeProto.Tensor]:
+    def _context(self, domain: str, inherited: str | None = None) -> EvaluatorContext:
+        key = (domain, inherited)
+        ctx = self._ctxs.get(key)
+        if ctx is None:
+            if inherited is None:
+                compiler = _Compiler(self, None)
+                self._compilers.append(compiler)
+                ctx = EvaluatorContext(self.device, self.opsets.get(domain, 1), self.compute_dtype, subgraph=compiler)
+            else:
+                compiler = _Compiler(self, inherited)
+                self._compilers.append(compiler)
+                ctx = replace(self._context(domain), subgraph=compiler)
+            self._ctxs[key] = ctx
+        return ctx
+
+    def _infer_types(self) -> tuple[dict[str, onnx.TypeProto.Tensor], dict[str, onnx.TypeProto.Tensor]]:
+        """Declared tensor types by value name (subgraphs included), and the element types of sequence
+        and optional values."""
         types: dict[str, Any] = {}
+        elements: dict[str, Any] = {}
         try:
             inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
         except Exception:  # inference is a convenience here; models with custom ops may defeat it
             inferred = self.model
-        g = inferred.graph
-        for vi in list(g.input) + list(g.value_info) + list(g.output):
-            if vi.type.HasField("tensor_type"):
-                types[vi.name] = vi.type.tensor_type
-        for init in g.initializer:
-            t = onnx.TypeProto.Tensor()
-            t.elem_type = init.data_type
-            types.setdefault(init.name, t)
-        return types
+        for g in _graphs(inferred.graph):
+            for vi in list(g.input) + list(g.value_info) + list(g.output):
+                if vi.type.HasField("tensor_type"):
+                    types[vi.name] = vi.type.tensor_type
+                else:
+                    element = _element_type(vi.type)
+                    if element is not None:
+                        elements[vi.name] = element
+            for init in g.initializer:
+                t = onnx.TypeProto.Tensor()
+                t.elem_type = init.data_type
+                types.setdefault(init.name, t)
+        return types, elements
 
-    def _declared_torch_dtype(self, name: str) -> torch.dtype | None:
+    def _declared_torch_dtype(self, name: str, elements: bool = False) -> torch.dtype | None:
         t = self._value_types.get(name)
+        if t is None and elements:
+            t = self._element_types.get(name)
         if t is None or not t.elem_type:
             return None
         try:
@@ -208,13 +452,13 @@ class TorchEvaluator:
             return None
 
     def _validate_overrides(self) -> None:
-        names = {n.name for n in self.nodes if n.name}
+        names = self._node_names
         for key, value in self._overrides.items():
             if not (isinstance(key, tuple | str) or callable(key)):
                 raise TypeError(f"kernels key {key!r} is not valid; {_KEY_HELP}")
             if isinstance(key, tuple) and (len(key) != 2 or not all(isinstance(p, str) for p in key)):
                 raise TypeError(f"kernels key {key!r}: an op type is a (domain, op_type) pair such as ('', 'MatMul')")
-            if isinstance(key, str) and key not in names and not any(n.op_type == key for n in self.nodes):
+            if isinstance(key, str) and key not in names and key not in self._op_types:
                 raise KeyError(f"kernels key {key!r} names no node and no op type of this model; node names: {sorted(names)[:20]}")
             if not (value in ("torch", "ort", "float64") or callable(value)):
                 raise ValueError(f"kernels[{key!r}] = {value!r} is not valid; {_KEY_HELP}")
@@ -227,33 +471,78 @@ class TorchEvaluator:
         key = (node.domain or "", node.op_type)
         if key in self._overrides:
             return self._overrides[key]
-        if node.op_type in self._overrides and not any(n.name == node.op_type for n in self.nodes):
+        if node.op_type in self._overrides and node.op_type not in self._node_names:
             return self._overrides[node.op_type]
         for k, v in self._overrides.items():
             if callable(k) and not isinstance(k, tuple | str) and k(node):
                 return v
         return None
 
-    def _make_kernel(self, node: onnx.NodeProto, ctx: KernelContext, missing: list[str]) -> Kernel | None:
+    def _add_node(self, node: onnx.NodeProto, inherited: str | None) -> tuple[Kernel | None, tuple[str, ...]]:
+        """The node's kernel and the names its run takes: the node's inputs, then the outer-scope values
+        its subgraphs read (a kernel with a body gets those as extra positional inputs, so that the plan
+        keeps them alive until it runs and frees them after)."""
+        at = len(self._records)
+        self._records.append((node, None, ()))  # a node comes before the nodes of its body
+        k = self._make_kernel(node, inherited)
+        ins = tuple(node.input) + tuple(getattr(k, "outer_inputs", ()))
+        self._records[at] = (node, k, ins)
+        return k, ins
+
+    def _compile(self, graph: onnx.GraphProto, inherited: str | None) -> Subgraph:
+        _refuse_untorchable(graph, f"subgraph {graph.name!r}:")
+        kernels, step_inputs = [], []
+        for node in graph.node:
+            k, ins = self._add_node(node, inherited)
+            kernels.append(k)
+            step_inputs.append(ins)
+        ctx = self._context("")
+        sg = Subgraph(graph, kernels, step_inputs, {init.name: ctx.tensor(init) for init in graph.initializer})
+        self._subgraphs.append(sg)
+        return sg
+
+    def _make_kernel(self, node: onnx.NodeProto, inherited: str | None) -> Kernel | None:
         override = self._override_for(node)
+        if override is None:
+            override = inherited
+        domain = node.domain or ""
+        ctx = self._context(domain)
         if callable(override):
             return _CallableKernel(node, ctx, override)
+        cls = lookup(domain, node.op_type, ctx.opset)
+        if cls is not None and override in ("ort", "float64") and _has_subgraph(node):
+            # control flow computes nothing itself: the override goes to the nodes of its body
+            return cls(node, self._context(domain, override))
         if override == "ort":
-            from .ort_kernel import OrtKernel
-
-            return OrtKernel(node, ctx, self.opsets, self._value_types)
-        cls = lookup(node.domain or "", node.op_type, ctx.opset)
+            return self._ort_kernel(node, ctx)
         if cls is None:
-            where = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
-            missing.append(f"{where} (opset {ctx.opset})")
+            label = _label(node)
+            if self.missing == "ort":
+                self._by_ort.add(label)
+                return self._ort_kernel(node, ctx)
+            self._missing[label] = ctx.opset
             return None
         if override == "float64":
             wide = KernelContext(ctx.device, ctx.opset, torch.float64)
-            out_dtypes = [self._declared_torch_dtype(o) if o else None for o in node.output]
+            out_dtypes = [self._declared_torch_dtype(o, elements=True) if o else None for o in node.output]
             if self.compute_dtype is not None:
                 out_dtypes = [self.compute_dtype if dt is not None and dt.is_floating_point else dt for dt in out_dtypes]
             return _Float64Kernel(node, ctx, cls(node, wide), out_dtypes)
         return cls(node, ctx)
+
+    def _ort_kernel(self, node: onnx.NodeProto, ctx: KernelContext) -> Kernel:
+        from .ort_kernel import OrtKernel
+
+        return OrtKernel(node, ctx, self.opsets, self._value_types)
+
+    def iter_kernels(self) -> Iterator[tuple[onnx.NodeProto, Kernel, tuple[str, ...]]]:
+        """Every node with its kernel and the value names its kernel's `run` takes (the node's inputs, then
+        the outer-scope values its subgraphs read), subgraphs included: a node comes before its body's
+        nodes. Inside a body, inputs are the body's values (`run(..., intermediates=True)` holds those of
+        the last iteration)."""
+        for node, k, ins in self._records:
+            assert k is not None
+            yield node, k, ins
 
     # -- running -----------------------------------------------------------------------------
     def _plan(self, outputs: tuple[str, ...], keep_all: bool) -> tuple[_Step, ...]:
@@ -261,110 +550,158 @@ class TorchEvaluator:
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        produced = {o: i for i, n in enumerate(self.nodes) for o in n.output if o}
+        produced = {o for n in self.nodes for o in n.output if o}
         known = set(self.input_types) | set(self._initializers)
         for name in outputs:
             if name not in produced and name not in known:
                 raise KeyError(f"{name!r} is not a value of this graph; outputs: {self.output_names}")
-        needed: set[int] = set()
-        stack = [produced[o] for o in outputs if o in produced]
-        while stack:
-            i = stack.pop()
-            if i in needed:
-                continue
-            needed.add(i)
-            stack.extend(produced[x] for x in self.nodes[i].input if x in produced)
-        order = sorted(needed)
-        last_use: dict[str, int] = {}
-        for i in order:
-            for x in self.nodes[i].input:
-                if x:
-                    last_use[x] = i
-        keep = set(outputs)
-        steps = []
-        for i in order:
-            node = self.nodes[i]
-            free: tuple[str, ...] = ()
-            if not keep_all:
-                free = tuple(sorted({x for x in node.input if x and last_use.get(x) == i and x not in keep}))
-            steps.append(_step(self._kernels[i], tuple(node.input), tuple(node.output), free))
-        self._plans[key] = plan = tuple(steps)
+        self._plans[key] = plan = _build_plan(self.nodes, self._kernels, self._inputs, outputs, keep_all)
         return plan
 
-    def _prepare_feeds(self, feeds: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    def _prepare_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         specs = self._feed_specs
         if len(feeds) != len(specs) or any(n not in specs for n in feeds):
             missing = [n for n in specs if n not in feeds]
             extra = [n for n in feeds if n not in specs]
             raise ValueError(
                 f"feeds do not match the model's inputs: missing {missing}, unknown {extra}; inputs are "
-                + ", ".join(f"{n}: {_describe(t)}" for n, t in self.input_types.items())
+                + ", ".join(f"{n}: {self._describe_input(n)}" for n in self.input_types)
             )
-        device, compute_dtype = self.device, self.compute_dtype
-        out = {}
+        device, compute_dtype, kinds = self.device, self.compute_dtype, self._input_kinds
+        out: dict[str, Any] = {}
         for name, value in feeds.items():
-            t = value if isinstance(value, torch.Tensor) and value.device == device else to_torch(value, device)
-            declared, want, dims = specs[name]
-            if want is not None and t.dtype != want:
-                if want is _NO_TORCH_DTYPE:
-                    DType(declared.elem_type)  # raises: "N is not a valid DType"
-                raise TypeError(f"feed {name!r} has dtype {str(t.dtype).replace('torch.', '')}, the model declares {_describe(declared)}; cast it (e.g. .to(torch.{str(want).replace('torch.', '')}))")
-            if dims is not None:
-                shape = t.shape
-                if len(dims) != len(shape):
-                    raise ValueError(f"feed {name!r} has shape {tuple(shape)} (rank {t.dim()}), the model declares {_describe(declared)}")
-                for axis, (d, s) in enumerate(zip(dims, shape, strict=True)):
-                    if d is not None and d != s:
-                        raise ValueError(f"feed {name!r} has shape {tuple(shape)}, the model declares {_describe(declared)} (axis {axis} must be {d})")
-            if compute_dtype is not None and t.is_floating_point():
-                t = t.to(compute_dtype)
-            out[name] = t
+            if kinds and name in kinds:
+                out[name] = self._special_feed(name, value, kinds[name])
+                continue
+            out[name] = self._tensor_feed(name, value, specs[name], device, compute_dtype)
         return out
 
+    def _tensor_feed(self, name: str, value: Any, spec: Any, device: torch.device, compute_dtype: torch.dtype | None) -> torch.Tensor:
+        t = value if isinstance(value, torch.Tensor) and value.device == device else to_torch(value, device)
+        declared, want, dims = spec
+        if want is not None and t.dtype != want:
+            if want is _NO_TORCH_DTYPE:
+                DType(declared.elem_type)  # raises: "N is not a valid DType"
+            raise TypeError(f"feed {name!r} has dtype {str(t.dtype).replace('torch.', '')}, the model declares {_describe(declared)}; cast it (e.g. .to(torch.{str(want).replace('torch.', '')}))")
+        if dims is not None:
+            shape = t.shape
+            if len(dims) != len(shape):
+                raise ValueError(f"feed {name!r} has shape {tuple(shape)} (rank {t.dim()}), the model declares {_describe(declared)}")
+            for axis, (d, s) in enumerate(zip(dims, shape, strict=True)):
+                if d is not None and d != s:
+                    raise ValueError(f"feed {name!r} has shape {tuple(shape)}, the model declares {_describe(declared)} (axis {axis} must be {d})")
+        if compute_dtype is not None and t.is_floating_point():
+            t = t.to(compute_dtype)
+        return t
+
+    def _special_feed(self, name: str, value: Any, declared: onnx.TypeProto) -> Any:
+        """A feed of a sequence input (a list or tuple of tensors/arrays) or an optional input (None: empty)."""
+        kind = declared.WhichOneof("value")
+        if kind == "optional_type":
+            if value is None:
+                return None
+            inner = declared.optional_type.elem_type
+            if inner.HasField("sequence_type"):
+                return self._special_feed(name, value, inner)
+            return self._tensor_feed(name, value, _feed_spec(inner.tensor_type), self.device, self.compute_dtype)
+        if kind == "sequence_type":
+            if not isinstance(value, list | tuple):
+                raise TypeError(f"feed {name!r} is a {type(value).__name__}, the model declares {_describe_type(declared)}: feed a list of tensors")
+            spec = _feed_spec(declared.sequence_type.elem_type.tensor_type)
+            return [self._tensor_feed(f"{name}[{i}]", v, spec, self.device, self.compute_dtype) for i, v in enumerate(value)]
+        raise UnsupportedVariantError(f"input {name!r} is {_describe_type(declared)}, which the torch evaluator cannot hold")
+
+    def _describe_input(self, name: str) -> str:
+        kind = self._input_kinds.get(name)
+        return _describe_type(kind) if kind is not None else _describe(self.input_types[name])
+
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], intermediates: bool = False) -> Any:
-        """Outputs as a list of tensors (in `output_names` order; None = the graph's outputs), or with
-        `intermediates=True` a dict of every value computed (feeds included)."""
+        """Outputs as a list (in `output_names` order; None = the graph's outputs), or with
+        `intermediates=True` a dict of every value computed (feeds included). Values computed inside a
+        subgraph are in it too, by their names; a loop body's (Loop, Scan, SequenceMap) are those of its
+        last iteration. Tensors are torch tensors, sequences lists of them, an empty optional None."""
         outputs = tuple(output_names) if output_names else self._output_tuple
         plan = self._plans.get((outputs, intermediates)) or self._plan(outputs, intermediates)
         values: dict[str, Any] = dict(self._initializers)
         values.update(self._prepare_feeds(feeds))
-        # The hot loop: everything per node was resolved into its _Step by _plan. No per-node
-        # bookkeeping for errors either: `step` is still the failing node when the except runs.
-        step: _Step | None = None
         try:
-            for step in plan:
-                run, arity, a, b, get, out, outs, free1, free, _, _ = step
-                if arity == _BINARY:
-                    res = run(values[a], values[b])
-                elif arity == _UNARY:
-                    res = run(values[a])
-                elif arity == _MANY:
-                    res = run(*get(values))  # type: ignore[misc]
-                else:
-                    res = run(*[values[x] if x else None for x in step.inputs])
-                if out is not None:
-                    values[out] = res[0]
-                else:
-                    values.update(zip(outs, res, strict=False))
-                if free1 is not None:
-                    del values[free1]
-                elif free:
-                    for x in free:
-                        del values[x]
-        except Exception as exc:
-            if step is None:  # an empty plan runs nothing that can fail; for the type checker
-                raise
-            k, ins = step.kernel, step.inputs
-            node = k.node
-            described = ", ".join(_describe_value(x, values.get(x)) for x in ins)
-            why = str(exc)
-            if isinstance(exc, IndexError) and exc.__traceback__ is not None and exc.__traceback__.tb_next is None:
-                why = f"it returned no outputs, the node has {len(step.outputs)}"  # res[0] above, not the kernel
-            raise RuntimeError(f"torch kernel {type(k).__name__} failed on node {node.name or '?'!r} ({node.op_type}) with inputs {described}: {why}") from exc
+            _execute(plan, values)
+        except _NodeFailed as exc:  # a plain RuntimeError naming the node, the kernel's error its cause
+            raise RuntimeError(str(exc)) from exc.__cause__
         values.pop("", None)  # omitted optional outputs
         if intermediates:
             return values
         return [values[o] for o in outputs]
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every graph nested in its nodes' attributes."""
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _graphs(g)
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute)
+
+
+def _label(node: onnx.NodeProto) -> str:
+    domain = node.domain if node.domain != "ai.onnx" else ""
+    return f"{domain}::{node.op_type}" if domain else node.op_type
+
+
+def _missing_error(missing: Mapping[str, int]) -> MissingKernelError:
+    ops = sorted(missing)
+    listed = ", ".join(f"{op} (opset {missing[op]})" for op in ops)
+    pairs = ", ".join(f'("{d}", "{o}"): "ort"' for d, _, o in (op.rpartition("::") for op in ops))
+    them = "it" if len(ops) == 1 else "them"
+    return MissingKernelError(
+        f"no torch kernel for {listed}; run {them} on onnxruntime: TorchEvaluator(model, kernels={{{pairs}}}), "
+        f'or every op without a kernel: TorchEvaluator(model, missing="ort"); known ops: {", ".join(_kernels.known_ops())}',
+        ops,
+    )
+
+
+def _element_type(t: onnx.TypeProto) -> onnx.TypeProto.Tensor | None:
+    """The tensor type inside a sequence or optional type, or None."""
+    kind = t.WhichOneof("value")
+    if kind == "sequence_type":
+        return _element_type(t.sequence_type.elem_type) if not t.sequence_type.elem_type.HasField("tensor_type") else t.sequence_type.elem_type.tensor_type
+    if kind == "optional_type":
+        return _element_type(t.optional_type.elem_type) if not t.optional_type.elem_type.HasField("tensor_type") else t.optional_type.elem_type.tensor_type
+    return None
+
+
+def _untorchable(t: onnx.TypeProto) -> str | None:
+    """Why a value of type `t` cannot be held by the evaluator (strings, maps, sparse tensors), or None."""
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return "a string tensor" if t.tensor_type.elem_type == onnx.TensorProto.STRING else None
+    if kind in ("sequence_type", "optional_type"):
+        inner = t.sequence_type.elem_type if kind == "sequence_type" else t.optional_type.elem_type
+        why = _untorchable(inner)
+        return f"{'a sequence' if kind == 'sequence_type' else 'an optional'} of {why.removeprefix('a ').removeprefix('an ')}s" if why else None
+    if kind is None:
+        return None  # undeclared: the kernels decide
+    return f"a {kind.removesuffix('_type').replace('_', ' ')}"
+
+
+def _refuse_untorchable(graph: onnx.GraphProto, where: str) -> None:
+    for what, vis in (("input", graph.input), ("output", graph.output)):
+        for vi in vis:
+            why = _untorchable(vi.type)
+            if why:
+                raise UnsupportedVariantError(
+                    f"{where} {what} {vi.name!r} is {why} ({_describe_type(vi.type)}): torch has no such values, so the torch evaluator refuses it; run the model with onnxruntime (OrtRunner)"
+                )
+    for init in graph.initializer:
+        if init.data_type == onnx.TensorProto.STRING:
+            raise UnsupportedVariantError(f"{where} initializer {init.name!r} is a string tensor: torch has no string tensors, so the torch evaluator refuses it; run the model with onnxruntime (OrtRunner)")
 
 
 def _feed_spec(declared: onnx.TypeProto.Tensor) -> tuple[onnx.TypeProto.Tensor, torch.dtype | None, tuple[int | None, ...] | None]:
@@ -385,11 +722,23 @@ def _describe(t: onnx.TypeProto.Tensor) -> str:
     try:
         dt = DType(t.elem_type).short
     except ValueError:
-        dt = f"type {t.elem_type}"
+        dt = "string" if t.elem_type == onnx.TensorProto.STRING else f"type {t.elem_type}"
     if not t.HasField("shape"):
         return dt
     dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
     return f"{dt}[{', '.join(dims)}]"
+
+
+def _describe_type(t: onnx.TypeProto) -> str:
+    """`float32[2, n]`, `sequence<float32[?]>`, `optional<sequence<int64>>`, `map`, ..."""
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return _describe(t.tensor_type)
+    if kind == "sequence_type":
+        return f"sequence<{_describe_type(t.sequence_type.elem_type)}>"
+    if kind == "optional_type":
+        return f"optional<{_describe_type(t.optional_type.elem_type)}>"
+    return kind.removesuffix("_type") if kind else "undeclared"
 
 
 def _describe_value(name: str, v: Any) -> str:
@@ -397,4 +746,9 @@ def _describe_value(name: str, v: Any) -> str:
         return "<omitted>"
     if isinstance(v, torch.Tensor):
         return f"{name}: {str(v.dtype).replace('torch.', '')}{list(v.shape)}"
+    if isinstance(v, list):
+        kinds = sorted({str(e.dtype).replace("torch.", "") if isinstance(e, torch.Tensor) else type(e).__name__ for e in v})
+        return f"{name}: sequence of {len(v)} {'/'.join(kinds) or 'values'}"
+    if v is None:
+        return f"{name}: empty optional"
     return f"{name}: {type(v).__name__}"
