@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
+import json
 import os
-import pickle
 import re
+import struct
 import sys
 import time
 import warnings
@@ -94,15 +95,16 @@ _loaded: list[tuple[Any, ...]] = []  # the cases, once this process has them
 def load_cases(cache_dir: str | os.PathLike[str] | None = None) -> tuple[Any, ...]:
     """Every node test case of the installed onnx package, generated once per process: seconds, most of
     them onnx computing 3-D pooling outputs in pure Python. With `cache_dir` (tests/test_conformance.py
-    passes pytest's cache) they are also pickled there, keyed by the onnx, numpy and Python versions, and
-    read back by the next process instead."""
+    passes pytest's cache) they are also stored there, keyed by the onnx, numpy and Python versions, and
+    read back by the next process instead — as JSON and ONNX protobufs, a format that cannot run code
+    when read (a pickle in a shared cache directory could)."""
     if not _loaded:
         path = None
         if cache_dir is not None:
             import onnx
 
             version = f"onnx{onnx.__version__}-numpy{np.__version__}-py{sys.version_info[0]}.{sys.version_info[1]}"
-            path = Path(cache_dir) / f"node-cases-{version}.pickle"
+            path = Path(cache_dir) / f"node-cases-{version}.onnxcases"
         cases = _read_cache(path) if path else None
         if cases is None:
             cases = _generate_cases()
@@ -121,21 +123,100 @@ def _generate_cases() -> tuple[Any, ...]:
         return tuple(collect_testcases())
 
 
+_MAGIC = b"ortdiff-node-cases-1\n"
+
+
+def _encode_value(v: Any, chunks: list[bytes]) -> Any:
+    """A case's input or output as a JSON descriptor, its tensors appended to `chunks` as TensorProtos."""
+    import onnx.numpy_helper
+
+    if v is None:
+        return {"t": "none"}
+    if isinstance(v, list):
+        return {"t": "list", "items": [_encode_value(x, chunks) for x in v]}
+    if isinstance(v, onnx.TensorProto):
+        chunks.append(v.SerializeToString())
+        return {"t": "proto"}
+    kind = "scalar" if isinstance(v, np.generic) else "nd"
+    if not isinstance(v, np.ndarray | np.generic):
+        raise TypeError(f"a value of type {type(v).__name__}")
+    chunks.append(onnx.numpy_helper.from_array(np.asarray(v)).SerializeToString())
+    return {"t": kind}
+
+
+def _decode_value(desc: Any, chunks: Any) -> Any:
+    import onnx.numpy_helper
+
+    t = desc["t"]
+    if t == "none":
+        return None
+    if t == "list":
+        return [_decode_value(d, chunks) for d in desc["items"]]
+    proto = onnx.TensorProto()
+    proto.ParseFromString(next(chunks))
+    if t == "proto":
+        return proto
+    arr = onnx.numpy_helper.to_array(proto)
+    return arr[()] if t == "scalar" else arr
+
+
+def _frames(data: bytes) -> Any:
+    """The length-prefixed chunks of a cache file."""
+    pos = len(_MAGIC)
+    while pos < len(data):
+        (n,) = struct.unpack_from("<Q", data, pos)
+        pos += 8
+        if pos + n > len(data):
+            raise ValueError("truncated")
+        yield data[pos : pos + n]
+        pos += n
+
+
 def _read_cache(path: Path) -> tuple[Any, ...] | None:
+    import onnx
+    from onnx.backend.test.case.test_case import TestCase
+
     try:
-        with path.open("rb") as f:
-            cases = pickle.load(f)
+        data = path.read_bytes()
+        if not data.startswith(_MAGIC):
+            return None
+        chunks = _frames(data)
+        cases = []
+        for header in chunks:
+            meta = json.loads(header)
+            model = onnx.ModelProto()
+            model.ParseFromString(next(chunks))
+            data_sets = [
+                (
+                    [_decode_value(d, chunks) for d in ins],
+                    [_decode_value(d, chunks) for d in outs],
+                )
+                for ins, outs in meta["data_sets"]
+            ]
+            fields = {k: meta[k] for k in ("name", "model_name", "url", "model_dir", "kind", "rtol", "atol")}
+            cases.append(TestCase(model=model, data_sets=data_sets, **fields))
+        return tuple(cases)
     except Exception:  # missing, half-written by a killed run, from another onnx build: generate again
         return None
-    return cases if isinstance(cases, tuple) else None
 
 
 def _write_cache(path: Path, cases: tuple[Any, ...]) -> None:
     # written aside and renamed into place, so that a concurrent reader (an xdist worker) never sees half a file
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
+        out = [_MAGIC]
+        for case in cases:
+            chunks: list[bytes] = []
+            sets = [
+                ([_encode_value(v, chunks) for v in ins], [_encode_value(v, chunks) for v in outs])
+                for ins, outs in case.data_sets
+            ]
+            meta = {k: getattr(case, k) for k in ("name", "model_name", "url", "model_dir", "kind", "rtol", "atol")}
+            meta["data_sets"] = sets
+            for chunk in (json.dumps(meta).encode(), case.model.SerializeToString(), *chunks):
+                out += [struct.pack("<Q", len(chunk)), chunk]
         with tmp.open("wb") as f:
-            pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(b"".join(out))
         os.replace(tmp, path)
     except Exception:  # a cache that cannot be written costs time, not correctness
         pass

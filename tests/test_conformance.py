@@ -206,3 +206,31 @@ def test_verbose_report_groups_known_wrong_cases_and_lists_failures_last(monkeyp
         "error:",
         "  test_c [Clip]: run: RuntimeError: boom",
     ]
+
+
+def test_case_cache_round_trips_without_pickle(tmp_path: Any) -> None:
+    # the cache in .pytest_cache is JSON and ONNX protobufs: reading it cannot run code (a pickle could)
+    cases = conformance.load_cases()
+    some = tuple(c for c in cases if c.name in {"test_relu", "test_sequence_insert_at_back", "test_cast_FLOAT_to_FLOAT8E4M3FN"})
+    assert len(some) == 3
+    path = tmp_path / "cases.onnxcases"
+    conformance._write_cache(path, some)
+    assert b"pickle" not in path.read_bytes()[:64] and path.read_bytes().startswith(b"ortdiff-node-cases-1")
+    back = conformance._read_cache(path)
+    assert back is not None and [c.name for c in back] == [c.name for c in some]
+    for a, b in zip(some, back, strict=True):
+        assert a.model == b.model and (a.rtol, a.atol, a.kind) == (b.rtol, b.atol, b.kind)
+        for (ins_a, outs_a), (ins_b, outs_b) in zip(a.data_sets, b.data_sets, strict=True):
+            for x, y in zip([*ins_a, *outs_a], [*ins_b, *outs_b], strict=True):
+                if isinstance(x, list):
+                    assert [np.asarray(v).tobytes() for v in x] == [np.asarray(v).tobytes() for v in y]
+                elif isinstance(x, TensorProto):
+                    assert x == y
+                else:
+                    assert np.asarray(x).dtype == np.asarray(y).dtype
+                    assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    # a pickle (or any other file) where the cache should be is ignored, never loaded
+    import pickle
+
+    path.write_bytes(pickle.dumps(some[:1]))
+    assert conformance._read_cache(path) is None
