@@ -271,11 +271,15 @@ def _as_array(value: Any) -> Any:
 
 
 def _untensorable(value: Any, what: str) -> str | None:
-    """Why `value` cannot be a torch tensor, or None."""
+    """Why `value` cannot be a torch value (a tensor, a list of tensors, None for an empty optional), or None."""
     if value is None:
-        return f"{what} is an empty optional"
+        return None
     if isinstance(value, list | tuple):
-        return f"{what} is a sequence"
+        for i, v in enumerate(value):
+            why = _untensorable(v, f"{what}[{i}]")
+            if why:
+                return why
+        return None
     arr = np.asarray(value)
     if arr.dtype == object or arr.dtype.kind in "SU":
         return f"{what} is a string tensor"
@@ -286,17 +290,52 @@ def _untensorable(value: Any, what: str) -> str | None:
 
 
 def _type_refusal(model: Any) -> str | None:
+    """Why the model's inputs/outputs are not values the evaluator holds (tensors, sequences of tensors,
+    optionals of either), or None."""
+
+    def holdable(t: Any) -> bool:
+        kind = t.WhichOneof("value")
+        if kind == "tensor_type":
+            return True
+        if kind == "sequence_type":
+            return holdable(t.sequence_type.elem_type)
+        if kind == "optional_type":
+            return holdable(t.optional_type.elem_type)
+        return False
+
     for vi in list(model.graph.input) + list(model.graph.output):
-        kind = vi.type.WhichOneof("value")
-        if kind != "tensor_type":
-            return f"{vi.name!r} is of {kind.removesuffix('_type') if kind else 'no'} type, not a tensor"
+        if not holdable(vi.type):
+            kind = vi.type.WhichOneof("value")
+            return f"{vi.name!r} is of {kind.removesuffix('_type') if kind else 'no'} type, not a tensor, sequence or optional"
     return None
 
 
-def _mismatch(expected: np.ndarray, got: Any, rtol: float, atol: float) -> str | None:
-    """Why `got` (a torch tensor) is not `expected` within the case's tolerance, or None."""
+def _to_feed(value: Any) -> Any:
+    from .runtimes.tensors import to_torch
+
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return [_to_feed(v) for v in value]
+    return to_torch(np.asarray(value))
+
+
+def _mismatch(expected: Any, got: Any, rtol: float, atol: float) -> str | None:
+    """Why `got` (a torch tensor, a list of them, or None) is not `expected` within the case's tolerance, or None."""
     from .runtimes.tensors import to_numpy
 
+    if expected is None or got is None:
+        return None if expected is None and got is None else f"{'an empty optional' if got is None else 'a value'} instead of {'an empty optional' if expected is None else 'a value'}"
+    if isinstance(expected, list | tuple) or isinstance(got, list | tuple):
+        if not (isinstance(expected, list | tuple) and isinstance(got, list | tuple)):
+            return f"{'a sequence' if isinstance(got, list | tuple) else 'a tensor'} instead of {'a sequence' if isinstance(expected, list | tuple) else 'a tensor'}"
+        if len(expected) != len(got):
+            return f"a sequence of {len(got)} instead of {len(expected)}"
+        for i, (e_i, g_i) in enumerate(zip(expected, got, strict=True)):
+            why = _mismatch(e_i, g_i, rtol, atol)
+            if why:
+                return f"element {i}: {why}"
+        return None
     g = to_numpy(got)
     e = np.asarray(expected)
     if g.dtype != e.dtype:
@@ -349,7 +388,6 @@ def run_case(case: Any, op: str | None = None) -> CaseResult:
     """Run every data set of `case` through TorchEvaluator and classify the outcome."""
     from .runtimes.evaluator import MissingKernelError, TorchEvaluator
     from .runtimes.kernels import UnsupportedVariantError
-    from .runtimes.tensors import to_torch
 
     model = case.model
     op = op or op_under_test(case)
@@ -386,7 +424,7 @@ def run_case(case: Any, op: str | None = None) -> CaseResult:
         return _failed(result, case.name, f"construction: {type(exc).__name__}: {exc}")
 
     for k, (inputs, outputs) in enumerate(data_sets):
-        feeds = {n: to_torch(np.asarray(v)) for n, v in zip(input_names, inputs, strict=False)}
+        feeds = {n: _to_feed(v) for n, v in zip(input_names, inputs, strict=False)}
         try:
             got = ev.run(output_names, feeds)
         except Exception as exc:
