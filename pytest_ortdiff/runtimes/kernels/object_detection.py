@@ -1,4 +1,5 @@
-"""Object-detection kernels (ONNX's object_detection family): RoiAlign and NonMaxSuppression.
+"""Object-detection kernels (ONNX's object_detection family): RoiAlign and NonMaxSuppression, and the
+precision in which RoI ops lay out their bins (shared with MaxRoiPool).
 """
 
 from __future__ import annotations
@@ -10,7 +11,24 @@ import torch
 
 from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = ["NonMaxSuppression", "RoiAlign", "RoiAlign16"]
+__all__ = ["NonMaxSuppression", "RoiAlign", "RoiAlign16", "geometry_dtype"]
+
+
+def geometry_dtype(rois: torch.Tensor, ctx: KernelContext) -> torch.dtype:
+    """The precision of a RoI op's discrete choices (how many samples a bin has, which pixels it takes):
+    the RoIs' own (float32 at least, as onnxruntime computes float16), except in the float64 oracle.
+
+    Those choices jump where float32 rounding crosses an integer (8.5 * 0.8f - 1.0 * 0.8f is exactly 6 in
+    float32, 6.0000000894 in float64: ceil(6 / 3) is 2 samples, or 3). The oracle measures the arithmetic
+    error of the float32 model's values, so it must make the float32 model's choices: in oracle mode, RoIs
+    that survive a round trip through float32 were float32 (or float16) in the model and are laid out in
+    float32; only RoIs that do not (a float64 model's) keep float64.
+    """
+    if rois.dtype != torch.float64 or ctx.compute_dtype is None:
+        return torch.promote_types(rois.dtype, torch.float32)
+    if torch.equal(rois.to(torch.float32).to(torch.float64), rois):
+        return torch.float32
+    return torch.float64
 
 
 def _axis_samples(
@@ -90,8 +108,7 @@ class _RoiAlign(Kernel):
             grid_h = torch.full((n_rois,), self.sampling_ratio, device=x.device, dtype=torch.long)
             grid_w = grid_h
         else:
-            grid_h = torch.ceil(len_h / self.out_h).long().clamp(min=0)
-            grid_w = torch.ceil(len_w / self.out_w).long().clamp(min=0)
+            grid_h, grid_w = self._adaptive_grid(rois.to(geometry_dtype(rois, self.ctx)))
         count = torch.clamp(grid_h * grid_w, min=1).to(ct)
         ylo, yhi, wylo, wyhi, yexists, _ = _axis_samples(start_h, len_h, self.out_h, grid_h, height)
         xlo, xhi, wxlo, wxhi, xexists, _ = _axis_samples(start_w, len_w, self.out_w, grid_w, width)
@@ -101,6 +118,19 @@ class _RoiAlign(Kernel):
         else:
             y = self._max(xc, batch, (ylo, yhi, wylo, wyhi, yexists), (xlo, xhi, wxlo, wxhi, xexists))
         return (y.reshape(n_rois, channels, self.out_h, self.out_w).to(x.dtype),)
+
+    def _adaptive_grid(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """sampling_ratio=0: ceil(RoI size / output size) samples per bin along each axis, computed in
+        the precision of `r` (see geometry_dtype)."""
+        offset = 0.5 if self.half_pixel else 0.0
+        scale = torch.tensor(self.scale, dtype=r.dtype, device=r.device)
+        len_w = (r[:, 2] * scale - offset) - (r[:, 0] * scale - offset)
+        len_h = (r[:, 3] * scale - offset) - (r[:, 1] * scale - offset)
+        if not self.half_pixel:
+            len_w, len_h = torch.clamp(len_w, min=1.0), torch.clamp(len_h, min=1.0)
+        grid_h = torch.ceil(len_h / self.out_h).long().clamp(min=0)
+        grid_w = torch.ceil(len_w / self.out_w).long().clamp(min=0)
+        return grid_h, grid_w
 
     @staticmethod
     def _weights(

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
+from ..object_detection import geometry_dtype
 from .conv import Pads, auto_pad_attr, compute_type, spatial_pads, torch_pad
 
 __all__ = [
@@ -256,9 +257,10 @@ def _round_half_away(v: torch.Tensor) -> torch.Tensor:
 
 @kernel("MaxRoiPool", since=1)
 class MaxRoiPool(Kernel):
-    """Caffe's RoI max pooling: RoI corners scaled and rounded, each of pooled_shape bins spans
-    [floor(i * bin), ceil((i + 1) * bin)) clipped to the image, an empty bin is 0. The max is separable over
-    a rectangle: first over each bin's columns, then its rows."""
+    """Caffe's RoI max pooling: RoI corners scaled and rounded (halves away from zero), each of
+    pooled_shape bins spans [floor(i * bin), ceil((i + 1) * bin)) clipped to the image, an empty bin is 0.
+    The max is separable over a rectangle: first over each bin's columns, then its rows.
+    """
 
     def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
         super().__init__(node, ctx)
@@ -280,10 +282,13 @@ class MaxRoiPool(Kernel):
 
     def run(self, x: torch.Tensor, rois: torch.Tensor) -> tuple[torch.Tensor, ...]:
         _, _, height, width = x.shape
-        # scaled in the RoIs' precision (float32 at least), as onnxruntime: 5 * 0.9f rounds to 4.5f there
-        r = rois.to(torch.promote_types(rois.dtype, torch.float32))
+        # Which pixels a bin takes is a discrete choice that the float64 oracle must make as the float32
+        # model does (geometry_dtype): 5 * 0.9f (the float32 attribute) is 4.5 in float32 and rounds to 5,
+        # but 4.49999989 in float64 and rounds to 4 — a whole row apart.
+        r = rois.to(geometry_dtype(rois, self.ctx))
         batch = r[:, 0].long()
-        x1, y1, x2, y2 = (_round_half_away(r[:, i] * torch.tensor(self.scale, dtype=r.dtype)) for i in range(1, 5))
+        scale = torch.tensor(self.scale, dtype=r.dtype, device=r.device)
+        x1, y1, x2, y2 = (_round_half_away(r[:, i] * scale) for i in range(1, 5))
         rows = self._bins(y1, y2, self.ph, height)  # (R, ph, H)
         cols = self._bins(x1, x2, self.pw, width)  # (R, pw, W)
         xb = x[batch]  # (R, C, H, W)
