@@ -17,21 +17,21 @@ import hashlib
 import io
 import json
 import math
-import os
 import platform
 import re
-import tempfile
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from .diff import DEFAULT_THRESHOLDS, DiffReport, compare
 from .dtypes import DType, dtype_of
+from .formatting import g
+from .results import BaselineRow, write_atomically
 from .tolerance import Tolerance
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "OutputDrift",
     "baseline_path",
     "check_baseline",
+    "check_outputs",
     "compare_baseline",
     "environment",
     "load_baseline",
@@ -248,7 +249,7 @@ def _from_numpy_bits(arr: np.ndarray, dtype: str) -> torch.Tensor:
 
 
 def _sha256(arr: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data).hexdigest()
 
 
 def bit_mismatches(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -293,22 +294,19 @@ def _summary(t: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
 # writing
 
 
-def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write through a temporary file in the same directory, then rename over `path`: a reader (another
-    xdist worker, an interrupted run) sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+def check_outputs(where: str, outputs: Any) -> None:
+    """Outputs to store: tensors or arrays, or lists/tuples/dicts of them; TypeError before any file is
+    touched otherwise."""
+    import onnx
+
+    def one(x: Any) -> bool:
+        return isinstance(x, torch.Tensor | np.ndarray | np.generic | onnx.TensorProto)
+
+    values = list(outputs.values()) if isinstance(outputs, Mapping) else list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    bad = next((v for v in values if not one(v)), None)
+    if bad is not None or not values:
+        got = type(outputs).__name__ if bad is None or bad is outputs else f"a {type(outputs).__name__} holding a {type(bad).__name__}"
+        raise TypeError(f"{where}: outputs must be a tensor or array, or a list/tuple/dict of them; got {got}")
 
 
 def write_baseline(
@@ -359,9 +357,9 @@ def write_baseline(
         "reference_report": reference_report.to_dict() if reference_report is not None else None,
     }
     text = json.dumps(meta, indent=1, sort_keys=False)
-    _atomic_write(path, lambda f: np.savez_compressed(f, **{_META: np.array(text)}, **arrays))  # type: ignore[arg-type]
+    write_atomically(path, lambda f: np.savez_compressed(f, **{_META: np.array(text)}, **arrays))  # type: ignore[arg-type]
     # the readable copy, for review; nothing reads it back, so a stale one can mislead nobody's test
-    _atomic_write(sidecar_path(path), lambda f: f.write(text.encode() + b"\n"))
+    write_atomically(sidecar_path(path), text + "\n")
     return path
 
 
@@ -546,7 +544,7 @@ def _render_drift(o: OutputDrift) -> list[str]:
     lines += [f"    {v}" for v in o.violations]
     if o.quantiles:
         lines.append("    quantile   baseline          now               delta")
-        lines += [f"    {q:<9}  {a:<16.9g}  {b:<16.9g}  {b - a:.3g}" for q, a, b in o.quantiles]
+        lines += [f"    {q:<9}  {a:<16.9g}  {b:<16.9g}  {g(b - a)}" for q, a, b in o.quantiles]
     if o.report is not None:
         lines += ["    " + line for line in o.report.render().splitlines()]
     return lines
@@ -676,6 +674,10 @@ class BaselineOutcome:
             "message": self.message,
             "comparison": self.comparison.to_dict() if self.comparison is not None else None,
         }
+
+    def row(self, name: str) -> BaselineRow:
+        """What happened to the file, for the run's summary of baselines."""
+        return BaselineRow(name=name, action=self.action, path=str(self.path), passed=self.passed)
 
 
 def check_baseline(

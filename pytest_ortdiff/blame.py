@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import onnx
 import onnx.helper as oh
@@ -16,10 +16,14 @@ import torch
 
 from .diff import DiffReport, compare
 from .dtypes import DType, dtype_of
+from .formatting import g, table
+from .model_io import load_model
 from .providers import KNOWN, parse_provider, torch_device
+from .results import closer_to_oracle
 from .runtimes.evaluator import MissingKernelError, TorchEvaluator
-from .runtimes.ort import OrtRunner, load_model
+from .runtimes.ort import OrtRunner
 from .runtimes.ort_kernel import OrtKernel
+from .tolerance import Tolerance
 
 __all__ = ["BlameRow", "BlameTable", "blame", "node_key", "ort_intermediates"]
 
@@ -108,8 +112,7 @@ class BlameTable(Sequence[BlameRow]):
         t, o = self.oracle.get("torch"), self.oracle.get("onnxruntime")
         if t is None or o is None:
             return None
-        kt, ko = (t.max_ulp, t.mismatches), (o.max_ulp, o.mismatches)
-        return "tie" if kt == ko else ("torch" if kt < ko else "onnxruntime")
+        return closer_to_oracle(o, t)
 
     def by_op_type(self) -> list[BlameRow]:
         """One row per op type, every node of that type swapped at once (the seed-000 table's form)."""
@@ -130,20 +133,20 @@ class BlameTable(Sequence[BlameRow]):
         }
 
     def render(self) -> str:
-        g = self.gap
-        lines = [f"blame: torch evaluator vs onnxruntime {self.provider} {self.dtype}: gap max abs {_g(g.max_abs)}, {g.mismatches:,}/{g.n:,} elements differ"]
-        if g.is_exact:
+        gap = self.gap
+        lines = [f"blame: torch evaluator vs onnxruntime {self.provider} {self.dtype}: gap max abs {g(gap.max_abs)}, {gap.mismatches:,}/{gap.n:,} elements differ"]
+        if gap.is_exact:
             lines.append("  no discrepancy: nothing to blame")
         head = ("node", "op", "explained", "vs ort", "vs torch", "local abs", "local ulp", "drift abs", "vs f64 abs", "vs f64 ulp")
         body = [
-            (r.node, r.op_type, f"{r.explained * 100:.0f} %", _g(r.vs_ort), _g(r.vs_torch), _g(r.local_max_abs), _g(r.local_max_ulp), _g(r.drift_max_abs), _g(r.oracle_max_abs), _g(r.oracle_max_ulp))
+            (r.node, r.op_type, f"{r.explained * 100:.0f} %", g(r.vs_ort), g(r.vs_torch), g(r.local_max_abs), g(r.local_max_ulp), g(r.drift_max_abs), g(r.oracle_max_abs), g(r.oracle_max_ulp))
             for r in self.rows
         ]
         lines += _table(head, body)
         if self.oracle:
             lines.append("against the float64 oracle (in the tested dtype):")
             for rt in self.oracle.values():
-                lines.append(f"  {rt.name:<12} max abs {_g(rt.max_abs):<10} max ulp {_g(rt.max_ulp):<6} {rt.mismatches:,}/{rt.n:,} elements off")
+                lines.append(f"  {rt.name:<12} max abs {g(rt.max_abs):<10} max ulp {g(rt.max_ulp):<6} {rt.mismatches:,}/{rt.n:,} elements off")
             closer = self.closer_to_oracle
             if closer:
                 lines.append(f"  closer to the oracle: {closer}")
@@ -151,7 +154,7 @@ class BlameTable(Sequence[BlameRow]):
             lines.append(f"first node whose output drifts: {self.first_divergence}")
         if self.culprit:
             lines.append(f"most to blame: {self.culprit.node} ({self.culprit.op_type}), explains {self.culprit.explained * 100:.0f} % of the gap")
-        elif not g.is_exact:
+        elif not gap.is_exact:
             lines.append(f"no single node explains {self.CULPRIT_MIN * 100:.0f} % of the gap: the difference comes from how onnxruntime runs the graph as a whole")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -159,21 +162,12 @@ class BlameTable(Sequence[BlameRow]):
     def render_by_op_type(self) -> str:
         """The seed-000 table: each op type run by onnxruntime inside torch, diff against torch and against ort."""
         head = ("swapped to ort", "diff vs ort", "diff vs torch", "explained")
-        body = [(r.op_type, _g(r.vs_ort), _g(r.vs_torch), f"{r.explained * 100:.0f} %") for r in self.op_rows]
+        body = [(r.op_type, g(r.vs_ort), g(r.vs_torch), f"{r.explained * 100:.0f} %") for r in self.op_rows]
         return "\n".join([f"{self.provider} {self.dtype}", *_table(head, body)])
 
 
-def _g(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return "0" if x == 0 else f"{x:.3g}"
-
-
-def _table(head: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
-    out = ["  " + "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
-    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
-    return out
+def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    return table(head, body, indent="  ")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,12 +247,12 @@ def _value_types(model: onnx.ModelProto) -> dict[str, int]:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # an optimized graph with contrib ops: what is declared is still useful
         inferred = model
-    g = inferred.graph
-    types = {i.name: i.data_type for i in g.initializer}
-    for vi in [*g.input, *g.value_info, *g.output]:
+    graph = inferred.graph
+    types = {i.name: i.data_type for i in graph.initializer}
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
         if vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
-    for n in g.node:
+    for n in graph.node:
         if n.op_type == "Cast":
             to = next((a.i for a in n.attribute if a.name == "to"), None)
             if to is not None:
@@ -278,18 +272,21 @@ def blame(
     dtype: Any = None,
     kernels: Mapping[Any, Any] | None = None,
     oracle: bool = True,
-    tolerance: Any = None,
+    tolerance: Tolerance | None = None,
+    missing: Literal["error", "ort"] = "error",
 ) -> BlameTable:
     """Swap every node to onnxruntime in turn and measure how much of the torch/onnxruntime gap it explains.
 
-    `kernels` applies overrides to the torch side (to test your own kernel); `tolerance` (a Tolerance)
-    decides which node output is the first to drift (default: any difference).
+    `kernels` applies overrides to the torch side (to test your own kernel); `missing="ort"` runs every op
+    without a torch kernel on onnxruntime (it explains nothing then); `tolerance` decides which node output
+    is the first to drift (default: any difference).
     """
     m = load_model(model)
     provider = parse_provider(provider)
     device = torch_device(provider)
     kernels = dict(kernels or {})
-    base = TorchEvaluator(m, device=device, kernels=kernels)
+    extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
+    base = TorchEvaluator(m, device=device, kernels=kernels, **extra)
     outputs = list(base.output_names)
     declared = [base.output_dtypes.get(o) for o in outputs]
     label = dtype_of(dtype).short if dtype is not None else _first_float_dtype(declared)
@@ -304,14 +301,14 @@ def blame(
     oracle_out: list[torch.Tensor] | None = None
     table_oracle: dict[str, OracleError] = {}
     if oracle:
-        ev64 = _oracle(m, device, kernels)
+        ev64 = _oracle(m, device, kernels, extra)
         oracle_out = _to_declared(ev64.run(None, feeds), declared)
         for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
             r = compare(oracle_out, outs)
             table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
 
     def substituted(keys: list[str]) -> tuple[float, float, float, float | None, float | None]:
-        ev = TorchEvaluator(m, device=device, kernels={**kernels, **dict.fromkeys(keys, "ort")}, check_model=False)
+        ev = TorchEvaluator(m, device=device, kernels={**kernels, **dict.fromkeys(keys, "ort")}, check_model=False, **extra)
         sub = ev.run(None, feeds)
         vs_ort = compare(sub, ort_out)
         vs_torch = compare(sub, torch_out)
@@ -344,7 +341,7 @@ def blame(
             drift = d.max_abs
             broke = bool(drift_tol.check(d)) if drift_tol is not None else not d.is_exact
             if first_divergence is None and broke:
-                first_divergence = f"{key} ({node.op_type}): max abs {_g(d.max_abs)}, {d.mismatches:,}/{d.n:,} elements differ"
+                first_divergence = f"{key} ({node.op_type}): max abs {g(d.max_abs)}, {d.mismatches:,}/{d.n:,} elements differ"
         rows.append(BlameRow(key, node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drift, o_abs, o_ulp))
 
     op_rows: list[BlameRow] = []
@@ -366,15 +363,15 @@ def blame(
     return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes)
 
 
-def _oracle(m: onnx.ModelProto, device: Any, kernels: Mapping[Any, Any]) -> TorchEvaluator:
+def _oracle(m: onnx.ModelProto, device: Any, kernels: Mapping[Any, Any], extra: Mapping[str, Any]) -> TorchEvaluator:
     """The float64 evaluator. The user's kernels under test stay out of it; only the overrides that
     name a runtime ("ort" for an op without a torch kernel, ...) go in, and a callable only where the
     oracle cannot be built without it (an op no runtime here has)."""
     named = {k: v for k, v in kernels.items() if isinstance(v, str)}
     try:
-        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=named)
+        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=named, **extra)
     except MissingKernelError:
-        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=kernels)
+        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=kernels, **extra)
 
 
 def _row_numbers(r: BlameRow) -> tuple[Any, ...]:

@@ -4,62 +4,34 @@ torch-evaluator and onnxruntime outputs, run ONNX's node test suite through the 
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .results import CheckRow, ResultsFile, ResultsFileError, SkipRow, TestOutcome
+
+if TYPE_CHECKING:
+    from .model_io import InputSpec
 
 __all__ = ["main"]
 
 
-#: a test's outcome in an --ortdiff-json file (plugin.OUTCOMES); failed and error fail `merge --strict`
-_OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
-
-
-def _problem(data: dict[str, Any]) -> str | None:
-    """What makes a loaded --ortdiff-json file unusable, naming the row; None when it is fine. Files
-    written before test outcomes were recorded have no 'tests' and are fine."""
-    results = data["results"]
-    if not isinstance(results, list):
-        return "'results' is not a list"
-    for i, row in enumerate(results):
-        if not isinstance(row, dict):
-            return f"results[{i}] is not an object"
-        if not isinstance(row.get("test"), str):
-            return f"results[{i}] has no 'test' (a string)"
-    for key in ("tests", "skips"):
-        items = data.get(key, [])
-        if not isinstance(items, list):
-            return f"{key!r} is not a list"
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                return f"{key}[{i}] is not an object"
-            if key == "tests":
-                if not isinstance(item.get("test"), str):
-                    return f"tests[{i}] has no 'test' (a string)"
-                if item.get("outcome") not in _OUTCOMES:
-                    return f"tests[{i}] has outcome {item.get('outcome')!r}; valid: {', '.join(_OUTCOMES)}"
-    return None
-
-
-def _uncovered(tests: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _uncovered(tests: Sequence[TestOutcome], rows: Sequence[CheckRow]) -> list[CheckRow]:
     """Table rows for the failed tests of one job that no failed check row explains: failed before their
     check, without any check, or after their checks passed."""
     out = []
     for t in tests:
-        if t["outcome"] not in ("failed", "error"):
+        if t.outcome not in ("failed", "error"):
             continue
-        own = [r for r in rows if r["test"] == t["test"] or r["test"].startswith(t["test"] + " [")]
-        if any(r.get("outcome") not in ("passed", "xfailed") for r in own):
+        own = [r for r in rows if r.test == t.test or r.test.startswith(t.test + " [")]
+        if any(not r.ok for r in own):
             continue
         worst = "its checks passed; the test failed" if own else "no check ran"
-        out.append({"test": t["test"], "provider": t.get("provider"), "dtype": t.get("dtype"), "worst": worst, "outcome": t["outcome"]})
+        out.append(CheckRow(t.test, t.provider, t.dtype, worst=worst, outcome=t.outcome))
     return out
-
-
-def _labelled(item: dict[str, Any], job: str) -> dict[str, Any]:
-    return {**item, "test": f"{item['test']} ({job})"} if job else item
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -67,57 +39,50 @@ def _merge(args: argparse.Namespace) -> int:
 
     from .report import render_table
 
-    rows: list[dict[str, Any]] = []
-    skips: list[dict[str, Any]] = []
-    tests: list[dict[str, Any]] = []
-    uncovered: list[dict[str, Any]] = []
+    rows: list[CheckRow] = []
+    skips: list[SkipRow] = []
+    tests: list[TestOutcome] = []
+    uncovered: list[CheckRow] = []
     for name in args.files:
         path = Path(name)
         try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            print(f"error: {path} does not exist", file=sys.stderr)
-            return 2
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            print(f"error: {path} is not a JSON report written by --ortdiff-json ({exc})", file=sys.stderr)
-            return 2
-        except OSError as exc:
-            print(f"error: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
-        if not isinstance(data, dict) or "results" not in data:
-            print(f"error: {path} has no 'results': is it a file written by --ortdiff-json?", file=sys.stderr)
-            return 2
-        problem = _problem(data)
-        if problem:
-            print(f"error: {path}: {problem}: is it a file written by --ortdiff-json?", file=sys.stderr)
+            data = ResultsFile.read(path)
+        except ResultsFileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         job = path.stem if args.label_from_file else ""
-        file_tests = data.get("tests", [])
-        uncovered.extend(_labelled(r, job) for r in _uncovered(file_tests, data["results"]))
-        rows.extend(_labelled(row, job) for row in data["results"])
-        tests.extend(_labelled(t, job) for t in file_tests)
-        skips.extend(data.get("skips", []))
-    rows.sort(key=lambda r: (r["test"], r.get("provider") or "", r.get("dtype") or ""))
-    table = sorted(rows + uncovered, key=lambda r: (r["test"], r.get("provider") or "", r.get("dtype") or ""))
+
+        def labelled(test: str, job: str = job) -> str:
+            return f"{test} ({job})" if job else test
+
+        uncovered.extend(replace(r, test=labelled(r.test)) for r in _uncovered(data.tests, data.results))
+        rows.extend(replace(r, test=labelled(r.test)) for r in data.results)
+        tests.extend(replace(t, test=labelled(t.test)) for t in data.tests)
+        skips.extend(data.skips)
+
+    def order(r: CheckRow) -> tuple[str, str, str]:
+        return (r.test, r.provider or "", r.dtype or "")
+
+    rows.sort(key=order)
+    table: list[CheckRow] = sorted(rows + uncovered, key=order)
     print(render_table(table, markdown=args.markdown))
     # (rows of files written before "xfailed" existed have only passed/failed)
-    failed = sum(1 for r in rows if r.get("outcome") not in ("passed", "xfailed"))
-    expected = sum(1 for r in rows if r.get("outcome") == "xfailed")
+    failed = sum(1 for r in rows if not r.ok)
+    expected = sum(1 for r in rows if r.outcome == "xfailed")
     tail = f", {expected} expected to fail (xfailed)" if expected else ""
     print(f"\n{len(rows)} check(s) from {len(args.files)} file(s): {len(rows) - failed - expected} passed, {failed} failed{tail}")
-    counts = Counter(t["outcome"] for t in tests)
+    counts = Counter(t.outcome for t in tests)
     if tests:
         extra = "".join(f", {counts[o]} {o}" for o in ("xfailed", "xpassed") if counts[o])
         print(f"{len(tests)} test(s): {counts['passed']} passed, {counts['failed']} failed, {counts['error']} error(s), {counts['skipped']} skipped{extra}")
     for t in tests:
-        if t["outcome"] in ("failed", "error"):
-            message = t.get("message")
-            print(f"{'failed' if t['outcome'] == 'failed' else 'errored'}: {t['test']}" + (f": {message}" if message else ""))
-    for s in skips:
-        print(f"skipped: {s.get('test', '?')}: {s.get('reason', '')}")
+        if t.outcome in ("failed", "error"):
+            print(f"{'failed' if t.outcome == 'failed' else 'errored'}: {t.test}" + (f": {t.message}" if t.message else ""))
+    for sk in skips:
+        print(f"skipped: {sk.test or '?'}: {sk.reason}")
     if args.output:
         try:
-            Path(args.output).write_text(json.dumps({"results": rows, "skips": skips, "tests": tests}, indent=1))
+            ResultsFile(tuple(rows), tuple(skips), tuple(tests)).write(Path(args.output))
         except OSError as exc:
             print(f"error: --output {args.output}: {exc.strerror or exc}", file=sys.stderr)
             return 2
@@ -137,15 +102,16 @@ class _CompareError(Exception):
 
 
 def _compare_or_raise(args: argparse.Namespace) -> int:
-    import pytest
-
-    from .fixtures import OrtDiff, OrtDiffFailure
-    from .models import random_feeds
+    from .check import Checker, OrtRunError, ToleranceBroken, UnsupportedByProvider
+    from .model_io import input_specs
     from .providers import parse_provider, unavailable_reason
     from .runtimes.evaluator import MissingKernelError
 
     model = _load_checked(args.model)
-    dims = _parse_dims(args.dim or (), model)
+    specs = input_specs(model)
+    given = _load_feeds(args.feeds, specs) if args.feeds else {}
+    dims = _parse_dims(args.dim or (), model, specs, given, args.feeds)
+    ranges = _parse_ranges(args.input_range or (), specs, given, args.feeds)
     kernels = _parse_kernels(args.ort_kernel or (), model)
     dtype = _model_dtype(model)
     try:
@@ -155,60 +121,102 @@ def _compare_or_raise(args: argparse.Namespace) -> int:
     why = unavailable_reason(provider)
     if why:
         raise _CompareError(f"--provider {args.provider}: {why}")
-    checker = OrtDiff(provider, dtype)
-    feeds = random_feeds(model, dims, seed=args.seed, device=checker.device)
-    with_ort = f"; with onnxruntime: {', '.join(args.ort_kernel)}" if kernels else ""
-    print(f"{args.model}: torch evaluator vs onnxruntime {checker.provider} {dtype}, dims {dims}, seed {args.seed}{with_ort}")
+    checker = Checker(provider, dtype)
+    feeds = _draw_feeds(model, specs, given, dims, ranges, seed=args.seed, device=checker.device)
+    notes = ""
+    if given:
+        notes += f"; feeds from {args.feeds}: {', '.join(given)}"
+    if ranges:
+        notes += "; input ranges: " + ", ".join(f"{n}=[{_num(lo)}, {_num(hi)})" for n, (lo, hi) in ranges.items())
+    if kernels:
+        notes += f"; with onnxruntime: {', '.join(args.ort_kernel)}"
+    if args.missing == "ort":
+        notes += "; ops without a torch kernel on onnxruntime"
+    print(f"{args.model}: torch evaluator vs onnxruntime {checker.provider} {dtype}, dims {dims}, seed {args.seed}{notes}")
     try:
-        # kernels= only when asked, so that plain compares need nothing new from OrtDiff.check
-        report = checker.check(model, feeds, **({"kernels": kernels} if kernels else {}))
-    except OrtDiffFailure as exc:
+        result = checker.check(model, feeds, kernels=kernels or None, missing=args.missing)
+    except ToleranceBroken as exc:
         print(exc)
         return 1
-    except pytest.skip.Exception as exc:  # a (provider, dtype, op) onnxruntime does not implement
-        raise _CompareError(exc.msg) from None
+    except UnsupportedByProvider as exc:  # a (provider, dtype, op) onnxruntime does not implement
+        raise _CompareError(exc.reason) from None
     except MissingKernelError as exc:
         raise _CompareError(_missing_kernel_message(exc)) from None
-    except Exception as exc:
-        if not type(exc).__module__.startswith("onnxruntime"):
-            raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _CompareError(f"onnxruntime cannot run {args.model}: {first}") from None
+    except OrtRunError as exc:
+        raise _CompareError(f"onnxruntime cannot run {args.model}: {exc.detail}{_drawn_hint(model, specs, given, ranges)}") from None
     print(f"passed ({checker.tolerance.describe()})")
-    print(report.render())
+    line = result.ran_on_ort_line()
+    if line:
+        print(line)
+    print(result.report.render())
     return 0
 
 
 def _load_checked(name: str) -> Any:
     """The model file, loaded and passed through onnx.checker (whose message beats onnxruntime's)."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    from .runtimes.ort import load_model
+    from .model_io import InvalidModelError, ModelLoadError, check_model, load_model
 
     try:
         model = load_model(name)
-    except DecodeError as exc:
-        raise _CompareError(f"cannot load {name!r}: not an ONNX model ({exc})") from None
+    except ModelLoadError as exc:
+        raise _CompareError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise _CompareError(f"cannot load {name!r}: {exc}") from None
     try:
-        try:
-            onnx.checker.check_model(model)
-        except ValueError:  # a model above 2 GB: the checker wants its path, which holds it and its data
-            onnx.checker.check_model(name)
-    except onnx.checker.ValidationError as exc:
-        head, _, context = str(exc).partition("==> Context:")
-        problem = " ".join(head.split()) + (f" ({' '.join(context.split())})" if context.strip() else "")
-        raise _CompareError(f"{name} fails onnx.checker: {problem}") from None
+        check_model(model, subject=name, path=name)
+    except InvalidModelError as exc:
+        raise _CompareError(str(exc)) from None
     return model
 
 
-def _parse_dims(items: Sequence[str], model: Any) -> dict[str, int]:
+def _load_feeds(path: str, specs: Mapping[str, InputSpec]) -> dict[str, Any]:
+    """--feeds FILE.npz: named arrays for some of the model's inputs, each checked against its input
+    (dtype, rank, fixed dims), and the symbolic dims they share consistent."""
+    import zipfile
+
+    import numpy as np
+    import torch
+
+    from .model_io import check_feed, feed_dims
+
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise _CompareError(f"--feeds {path}: the file does not exist") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise _CompareError(f"--feeds {path}: not a .npz file of named arrays ({exc}); write one with numpy.savez(path, input_name=array, ...)") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise _CompareError(f"--feeds {path}: a single array, not a .npz file of named arrays; write one with numpy.savez(path, input_name=array, ...)")
+    with loaded:
+        try:
+            arrays = {name: loaded[name] for name in loaded.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise _CompareError(f"--feeds {path}: cannot read its arrays ({exc})") from None
+    inputs = ", ".join(f"{n}: {s.describe()}" for n, s in specs.items())
+    if not arrays:
+        raise _CompareError(f"--feeds {path}: the file holds no arrays; the model's inputs: {inputs}")
+    unknown = [n for n in arrays if n not in specs]
+    if unknown:
+        unnamed = all(re.fullmatch(r"arr_\d+", n) for n in unknown)
+        how = "; save them by name: numpy.savez(path, input_name=array, ...)" if unnamed else ""
+        raise _CompareError(f"--feeds {path}: {', '.join(map(repr, unknown))} {'is not an input' if len(unknown) == 1 else 'are not inputs'} of the model; its inputs: {inputs}{how}")
+    try:
+        for name, arr in arrays.items():
+            check_feed(specs[name], arr)
+        feed_dims(specs, arrays)
+    except (TypeError, ValueError) as exc:
+        raise _CompareError(f"--feeds {path}: {exc}") from None
+    return {name: torch.from_numpy(np.ascontiguousarray(arr)) for name, arr in arrays.items()}
+
+
+def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec], given: Mapping[str, Any], feeds_file: str | None) -> dict[str, int]:
+    """--dim NAME=VALUE for every symbolic dim the feeds from --feeds do not fix already."""
+    from .model_io import feed_dims
     from .strategies import symbolic_dims
 
     known = symbolic_dims(model)
-    dims: dict[str, int] = {}
+    fixed = feed_dims(specs, given)
+    dims: dict[str, int] = dict(fixed)
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit():
@@ -218,13 +226,89 @@ def _parse_dims(items: Sequence[str], model: Any) -> dict[str, int]:
         if name not in known:
             where = f"its symbolic dims: {', '.join(known)}" if known else "its inputs have none"
             raise _CompareError(f"--dim {item}: the model has no symbolic dim {name!r}; {where}")
+        if name in fixed and fixed[name] != int(value):
+            raise _CompareError(f"--dim {item}: the feeds in {feeds_file} have {name}={fixed[name]}; drop --dim {name} or change the file")
         dims[name] = int(value)
-    missing = [d for d in known if d not in dims]
+    # only the inputs drawn need their dims
+    drawn = {d for n, s in specs.items() if n not in given for d in (s.dims or ()) if isinstance(d, str)}
+    missing = [d for d in known if d not in dims and d in drawn]
     if missing:
         raise _CompareError(
             f"the model's inputs have symbolic dims {missing}: give each a value, e.g. " + " ".join(f"--dim {d}=2" for d in missing)
         )
     return dims
+
+
+def _parse_ranges(items: Sequence[str], specs: Mapping[str, InputSpec], given: Mapping[str, Any], feeds_file: str | None) -> dict[str, tuple[float, float]]:
+    """--input-range NAME=LO:HI: the values a drawn input takes, LO included and HI excluded (integers:
+    0:2 draws 0 and 1, as range(0, 2))."""
+    from .dtypes import DType
+
+    ranges: dict[str, tuple[float, float]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        lo_text, sep2, hi_text = text.partition(":")
+        example = "e.g. --input-range token_type_ids=0:2 (HI excluded: draws 0 and 1)"
+        if not (sep and sep2 and name and lo_text.strip() and hi_text.strip()):
+            raise _CompareError(f"--input-range {item!r}: expected NAME=LO:HI, {example}")
+        if name not in specs:
+            raise _CompareError(f"--input-range {item}: the model has no input {name!r}; its inputs: {', '.join(specs)}")
+        if name in given:
+            raise _CompareError(f"--input-range {item}: {name!r} comes from --feeds {feeds_file}; drop one of the two")
+        dt = specs[name].dtype
+        if dt == DType.BOOL:
+            raise _CompareError(f"--input-range {item}: {name!r} is a bool input: its values are False and True")
+        integer = dt is not None and not dt.is_floating_point
+        try:
+            lo, hi = (int(lo_text), int(hi_text)) if integer else (float(lo_text), float(hi_text))
+        except ValueError:
+            kind = "integers" if integer else "numbers"
+            raise _CompareError(f"--input-range {item}: LO and HI must be {kind} ({name!r} is {dt.short if dt else 'of an unknown type'}), {example}") from None
+        if not lo < hi:
+            raise _CompareError(f"--input-range {item}: LO must be below HI (HI is excluded: {name}=0:2 draws 0 and 1)")
+        ranges[name] = (lo, hi)
+    return ranges
+
+
+def _draw_feeds(
+    model: Any, specs: Mapping[str, InputSpec], given: Mapping[str, Any], dims: Mapping[str, int], ranges: Mapping[str, tuple[float, float]], *, seed: int, device: str
+) -> dict[str, Any]:
+    """The feeds: the inputs from --feeds as they are, the others drawn by random_feeds (in their
+    --input-range, else their recorded range: floats [-1, 1), integers [0, 10))."""
+    import onnx
+
+    from .models import random_feeds
+    from .models.feeds import set_feed_range
+
+    if not given and not ranges:
+        return random_feeds(model, dims, seed=seed, device=device)
+    # random_feeds reads a model's inputs and recorded ranges only: a model of just the drawn inputs
+    # draws them without copying the graph (which may be large) to record the ranges
+    inputs = onnx.ModelProto()
+    inputs.graph.input.extend(vi for vi in model.graph.input if vi.name in specs and vi.name not in given)
+    inputs.metadata_props.extend(model.metadata_props)
+    for name, (lo, hi) in ranges.items():
+        set_feed_range(inputs, name, lo, hi)
+    drawn = random_feeds(inputs, dims, seed=seed, device=device) if len(inputs.graph.input) else {}
+    fed = {name: value.to(device) for name, value in given.items()}
+    return {name: fed[name] if name in fed else drawn[name] for name in specs}
+
+
+def _drawn_hint(model: Any, specs: Mapping[str, InputSpec], given: Mapping[str, Any], ranges: Mapping[str, tuple[float, float]]) -> str:
+    """When onnxruntime fails on drawn integer inputs (ids out of an embedding's range, most likely):
+    where they were drawn from, and how to give them."""
+    from .models.feeds import _ranges
+
+    recorded = _ranges(model)
+    drawn = [n for n, s in specs.items() if n not in given and n not in ranges and s.dtype is not None and not s.dtype.is_floating_point and s.dtype.short != "bool"]
+    if not drawn:
+        return ""
+    where = ", ".join(f"{n} from [{_num(recorded.get(n, (0, 10))[0])}, {_num(recorded.get(n, (0, 10))[1])})" for n in drawn)
+    return f" (integer inputs were drawn: {where}; give their range with --input-range NAME=LO:HI or their values with --feeds FILE.npz)"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _parse_kernels(items: Sequence[str], model: Any) -> dict[tuple[str, str], str]:
@@ -250,10 +334,14 @@ def _op_label(domain: str, op: str) -> str:
 
 def _missing_kernel_message(exc: Exception) -> str:
     """"no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead:
-    --ort-kernel com.microsoft::QuickGelu" (the evaluator's own message lists every known op)."""
+    --ort-kernel com.microsoft::QuickGelu (or --missing=ort)" (the evaluator's own message lists every
+    known op)."""
+    from .check import missing_ops
+
     head = str(exc).split(";")[0]
-    missing = [m.split(" (")[0].strip() for m in head.removeprefix("no torch kernel for ").split(", ")]
-    return f"{head}; run it with onnxruntime instead: " + " ".join(f"--ort-kernel {op}" for op in missing)
+    ops = missing_ops(exc)
+    them = "it" if len(ops) == 1 else "them"
+    return f"{head}; run {them} with onnxruntime instead: " + " ".join(f"--ort-kernel {op}" for op in ops) + " (or --missing=ort)"
 
 
 def _model_dtype(model: Any) -> str:
@@ -309,6 +397,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="OP",
         help="run this op (OP, or DOMAIN::OP such as com.microsoft::FusedMatMul) with onnxruntime inside the torch "
         "evaluator as well, as kernels={(domain, op): 'ort'} does: for an op it has no torch kernel for (repeat)",
+    )
+    p.add_argument(
+        "--missing",
+        choices=("error", "ort"),
+        default="error",
+        help="an op the torch evaluator has no kernel for: 'error' (default) names them all; 'ort' runs each on onnxruntime, and the output says which",
+    )
+    p.add_argument("--feeds", metavar="FILE.npz", help="named inputs from a file written by numpy.savez(path, input_name=array, ...); the inputs it lacks are drawn")
+    p.add_argument(
+        "--input-range",
+        action="append",
+        metavar="NAME=LO:HI",
+        help="draw input NAME in [LO, HI), HI excluded (integers: token_type_ids=0:2 draws 0 and 1; default: floats [-1, 1), integers [0, 10)) (repeat)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_compare)

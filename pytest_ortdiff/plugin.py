@@ -1,27 +1,21 @@
-"""pytest hooks only: options and ini, the ortdiff marker, provider × dtype parametrization, skips,
-and the terminal summary. Imports neither torch nor onnxruntime at import time."""
+"""pytest hooks only: options and ini, the ortdiff marker, provider × dtype parametrization and skips.
+Results are collected by session.py; imports neither torch nor onnxruntime at import time."""
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from . import selection
 from .dtypes import TESTABLE, parse_dtype
-from .fixtures import (
-    BASELINE_KEY,
-    RESULT_KEY,
-    SKIP_KEY,
-    _ortdiff_case,
-    ort_dtype,
-    ort_provider,
-    ortdiff,
-)
+from .fixtures import _ortdiff_case, ort_dtype, ort_provider, ortdiff
 from .providers import parse_provider
+from .results import SkipRow
+from .session import CASE_KEY, SKIP_KEY, RunResults
 from .tolerance import Tolerance
 
 __all__ = ["_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
@@ -29,42 +23,31 @@ __all__ = ["_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
 _FIXTURES = ("ortdiff", "ort_provider", "ort_dtype")  # all depend on _ortdiff_case
 _MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget", "reproducible")
 _REPRODUCIBLE_KWARGS = ("runs", "vary", "torch_deterministic", "session_options")
-DEFAULT_PROVIDERS = ("CPU",)
-DEFAULT_DTYPES = ("float32",)
-#: user property naming the (provider, dtype) a test was parametrized with; travels to the xdist controller
-CASE_KEY = "ortdiff_case"
-#: a test's outcome in --ortdiff-json, worst last: a later report of the same test never makes it better
-OUTCOMES = ("passed", "xpassed", "skipped", "xfailed", "failed", "error")
+DEFAULT_PROVIDERS = selection.DEFAULT.providers
+DEFAULT_DTYPES = selection.DEFAULT.dtypes
 
 
 @dataclass
 class _State:
-    providers: tuple[str, ...] = DEFAULT_PROVIDERS
-    dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    """The run's options, parsed once at configure time."""
+
+    selection: selection.Selection = selection.DEFAULT
     explicit_providers: frozenset[str] = frozenset()
     providers_given: bool = False
     dtypes_given: bool = False
     skip_unavailable: bool = False
-    show_reports: bool = False
-    json_path: str | None = None
-    json_target: Path | None = None
-    json_message: str = ""
-    json_failed: bool = False
-    results: list[dict[str, Any]] = field(default_factory=list)
-    tests: dict[str, dict[str, Any]] = field(default_factory=dict)
-    skips: list[dict[str, Any]] = field(default_factory=list)
-    baselines: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        return self.selection.providers
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return self.selection.dtypes
 
 
 STATE = pytest.StashKey[_State]()
-# the running session's selection, for hypothesis strategies built at import time (they see no config)
-_ACTIVE: list[_State] = []
-
-
-def current_selection(kind: str) -> tuple[str, ...]:
-    """The providers or dtypes the running pytest session enabled (defaults outside pytest)."""
-    state = _ACTIVE[-1] if _ACTIVE else _State()
-    return state.providers if kind == "providers" else state.dtypes
+RESULTS = pytest.StashKey[RunResults]()
 
 
 def _register_hypothesis_profiles() -> None:
@@ -256,14 +239,15 @@ def pytest_configure(config: pytest.Config) -> None:
     source = "--ort-providers" if cli_p else "ini ortdiff_providers"
     names = _split(cli_p) or _split(ini_p)
     state.skip_unavailable = bool(config.getoption("ort_skip_unavailable") or config.getini("ortdiff_skip_unavailable"))
+    providers = DEFAULT_PROVIDERS
     if names:
-        providers, wants_available = _parse_providers(names, source)
-        state.providers = tuple(providers)
+        parsed, wants_available = _parse_providers(names, source)
+        providers = tuple(parsed)
         state.providers_given = True
-        state.explicit_providers = frozenset(p for p in providers) if not wants_available else frozenset(
+        state.explicit_providers = frozenset(parsed) if not wants_available else frozenset(
             parse_provider(n) for n in names if n.lower() != "available"
         )
-        if not providers:
+        if not parsed:
             raise pytest.UsageError(f"{source}={','.join(names)}: onnxruntime offers no provider here; install pytest-ortdiff[cpu] or [gpu]")
         if not state.skip_unavailable:
             from .providers import unavailable_reason
@@ -272,24 +256,29 @@ def pytest_configure(config: pytest.Config) -> None:
                 reason = unavailable_reason(p)
                 if reason:
                     raise pytest.UsageError(f"{source}: {reason}. Drop it, or pass --ort-skip-unavailable to skip its tests instead of failing the run")
+    dtypes = DEFAULT_DTYPES
     d_cli = config.getoption("ort_dtypes")
     d_names = _split(d_cli) or _split(config.getini("ortdiff_dtypes"))
     if d_names:
-        state.dtypes = tuple(_parse_dtypes(d_names, "--ort-dtypes" if d_cli else "ini ortdiff_dtypes"))
+        dtypes = tuple(_parse_dtypes(d_names, "--ort-dtypes" if d_cli else "ini ortdiff_dtypes"))
         state.dtypes_given = True
-    state.show_reports = bool(config.getoption("ortdiff_reports") or config.getini("ortdiff_reports"))
-    state.json_path = config.getoption("ortdiff_json")
-    if state.json_path is not None and not hasattr(config, "workerinput"):  # xdist workers never write it
-        state.json_target = _json_target(state.json_path, config.invocation_params.dir)
+    state.selection = selection.Selection(providers, dtypes)
+    results = RunResults(
+        json_path=config.getoption("ortdiff_json"),
+        show_reports=bool(config.getoption("ortdiff_reports") or config.getini("ortdiff_reports")),
+    )
+    if results.json_path is not None and not hasattr(config, "workerinput"):  # xdist workers never write it
+        results.json_target = _json_target(results.json_path, config.invocation_params.dir)
     config.stash[STATE] = state
-    _ACTIVE.append(state)
-    config.pluginmanager.register(_Collector(state), "ortdiff-collector")
+    config.stash[RESULTS] = results
+    selection.activate(state.selection)
+    config.pluginmanager.register(results, "ortdiff-session")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
-    if state is not None and state in _ACTIVE:
-        _ACTIVE.remove(state)
+    if state is not None:
+        selection.deactivate(state.selection)
 
 
 # -- parametrization ---------------------------------------------------------------------------
@@ -380,7 +369,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     reason = unavailable_reason(provider)
     if reason:
         # explicit ones were checked at start-up unless --ort-skip-unavailable: here we only skip
-        item.user_properties.append((SKIP_KEY, {"provider": provider, "dtype": dtype, "reason": reason}))
+        item.user_properties.append((SKIP_KEY, SkipRow(provider, dtype, reason).to_dict()))
         pytest.skip(reason)
 
 
@@ -397,147 +386,3 @@ def pytest_runtest_call(item: pytest.Item) -> None:
                 "call ortdiff.check(model, feeds) (which runs it when the marker asks) or ortdiff.check_reproducible(model, feeds)",
                 pytrace=False,
             )
-
-
-# -- results -----------------------------------------------------------------------------------
-
-
-def _baseline_summary(tr: Any, rows: list[dict[str, Any]]) -> None:
-    """What happened to stored baselines: files written, and baselines that are missing or corrupted."""
-    written = [r for r in rows if r["action"] in ("created", "updated", "replaced corrupted")]
-    missing = [r for r in rows if r["action"] == "missing"]
-    corrupted = [r for r in rows if r["action"] == "corrupted"]
-    if not (written or missing or corrupted):
-        return
-    tr.write_sep("-", "ortdiff baselines")
-    if written:
-        tr.write_line(f"wrote {len(written)} baseline(s) (--ortdiff-update-baselines); review and commit them:")
-        for r in sorted(written, key=lambda r: r["path"]):
-            tr.write_line(f"  {r['action']:<18} {r['path']}")
-    if missing:
-        tr.write_line(f"{len(missing)} baseline(s) missing: rerun with --ortdiff-update-baselines to create them")
-    if corrupted:
-        tr.write_line(f"{len(corrupted)} baseline file(s) corrupted and left untouched:")
-        tr.write_line("\n".join(f"  {r['path']}" for r in sorted(corrupted, key=lambda r: r["path"])))
-
-
-def _message(report: pytest.TestReport | pytest.CollectReport) -> str:
-    """The line that says why a test failed: the exception's first line (a collection error's last `E`)."""
-    crash = getattr(report.longrepr, "reprcrash", None)
-    if crash is not None:
-        text = crash.message
-    else:
-        lines = str(report.longrepr).splitlines()
-        errors = [line[1:].strip() for line in lines if line.startswith("E ")]
-        text = errors[-1] if errors else next((line.strip() for line in lines if line.strip()), "")
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return first if len(first) <= 300 else first[:297] + "..."
-
-
-def _outcome(report: pytest.TestReport) -> str | None:
-    """This phase's contribution to the test's outcome (None: a passing setup or teardown says nothing)."""
-    if hasattr(report, "wasxfail"):
-        return "xfailed" if report.skipped else "xpassed"
-    if report.failed:
-        return "failed" if report.when == "call" else "error"
-    if report.skipped:
-        return "skipped"
-    # other outcomes (pytest-rerunfailures' "rerun") are superseded by the next attempt's
-    return "passed" if report.passed and report.when == "call" else None
-
-
-class _Collector:
-    """Receives test reports (on the xdist controller too) and keeps the ortdiff rows and every test's
-    outcome in the state."""
-
-    def __init__(self, state: _State) -> None:
-        self.state = state
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if report.failed:
-            self.state.tests[report.nodeid] = {"test": report.nodeid, "outcome": "error", "message": _message(report)}
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        outcome = _outcome(report)
-        if outcome is not None:
-            entry = self.state.tests.setdefault(report.nodeid, {"test": report.nodeid, "outcome": outcome})
-            if OUTCOMES.index(outcome) > OUTCOMES.index(entry["outcome"]):
-                entry["outcome"] = outcome
-            if outcome in ("failed", "error") and "message" not in entry:
-                entry["message"] = _message(report)
-        for key, value in report.user_properties:
-            if key == CASE_KEY:
-                if report.nodeid in self.state.tests:
-                    self.state.tests[report.nodeid].update(value)
-            elif key == RESULT_KEY and report.when == "call":
-                row = dict(value)
-                row["test"] = report.nodeid + row.pop("suffix", "")
-                # a broken check in a test that xfailed, or that passed anyway (the check ran under
-                # pytest.raises), failed as its test expected
-                expected = hasattr(report, "wasxfail") or report.passed
-                row["outcome"] = "passed" if row.get("passed") else ("xfailed" if expected else "failed")
-                self.state.results.append(row)
-            elif key == SKIP_KEY and report.skipped:
-                self.state.skips.append({**value, "test": report.nodeid})
-            elif key == BASELINE_KEY and report.when == "call":
-                self.state.baselines.append({**value, "test": report.nodeid})
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    # runs inside the terminal reporter's own sessionfinish, before the summary that reports it; under
-    # xdist only the controller writes (the workers' reports reach it through pytest_runtest_logreport)
-    config = session.config
-    state = config.stash.get(STATE, None)
-    if state is None or state.json_target is None:
-        return
-    data = {"results": state.results, "skips": state.skips, "tests": list(state.tests.values())}
-    try:
-        _write_atomically(state.json_target, json.dumps(data, indent=1))
-    except OSError as exc:
-        # a CI job must not go green without its report
-        state.json_message, state.json_failed = f"ortdiff: could not write {state.json_path}: {exc}", True
-        if session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
-    else:
-        state.json_message = f"ortdiff: wrote {len(state.results)} result(s) to {state.json_path}"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write aside in the same directory and rename into place: a reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one writer per run: the xdist controller
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    from .report import render_table
-
-    state = config.stash[STATE]
-    tr = terminalreporter
-    if state.results:
-        tr.write_sep("=", "ortdiff summary")
-        for line in render_table(state.results).splitlines():
-            tr.write_line(line)
-    if state.skips:
-        tr.write_sep("-", "ortdiff: holes in the provider × dtype matrix")
-        grouped: dict[str, int] = {}
-        for s in state.skips:
-            grouped[s["reason"]] = grouped.get(s["reason"], 0) + 1
-        for reason, count in sorted(grouped.items()):
-            tr.write_line(f"{count} test(s) skipped: {reason}")
-    _baseline_summary(tr, state.baselines)
-    if state.show_reports and state.results:
-        from .diff import DiffReport
-
-        tr.write_sep("-", "ortdiff reports")
-        for row in state.results:
-            tr.write_line(f"{row['test']} ({row['outcome']}; tolerance {row.get('tolerance', '-')})")
-            tr.write_line(DiffReport.from_dict(row["report"]).render())
-            tr.write_line("")
-    if state.json_message:
-        tr.write_line(state.json_message, red=state.json_failed)

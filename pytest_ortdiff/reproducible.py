@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from .baseline import bit_mismatches
 from .diff import DiffReport, compare
+from .formatting import g, table
 
 __all__ = ["VARIATIONS", "ReproducibilityReport", "Variation", "check_reproducible"]
 
@@ -102,11 +103,10 @@ class ReproducibilityReport:
             if v.error:
                 rows.append((v.kind, v.against, v.got, "not run", "-", v.error))
                 continue
-            max_abs = "-" if v.report is None else f"{v.report.max_abs:.3g}" if v.report.max_abs else "0"
+            max_abs = "-" if v.report is None else g(v.report.max_abs)
             differ = f"{v.bit_mismatches:,} of {v.n:,}"
             rows.append((v.kind, v.against, v.got + (f" ({v.note})" if v.note else ""), differ, max_abs, ", ".join(v.outputs_differ) or "-"))
-        widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
-        lines += ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
+        lines += table(head, rows, indent="  ")
         for v in self.differing:
             lines.append(f"{v.kind}: {v.against} vs {v.got}: {v.bit_mismatches:,} of {v.n:,} elements differ in their bits" + (f" ({v.note})" if v.note else ""))
             if v.report is not None:
@@ -163,6 +163,7 @@ def check_reproducible(
     session_options: Mapping[str, Any] | None = None,
     threads: Sequence[int] | None = None,
     kernels: Mapping[Any, Any] | None = None,
+    missing: Literal["error", "ort"] = "error",
 ) -> ReproducibilityReport:
     """Is `model` on onnxruntime `provider` bitwise reproducible?
 
@@ -172,12 +173,14 @@ def check_reproducible(
       "extended", one thread; "deterministic_compute": onnxruntime's use_deterministic_compute off vs on;
     - torch evaluator with `torch.use_deterministic_algorithms` on and off, `runs` times each, side by
       side (and on vs off): by default on CUDA providers only (`torch_deterministic=True` forces it);
-      `kernels=` are the evaluator's overrides (an op without a torch kernel: `{op: "ort"}`).
+      `kernels=` are the evaluator's overrides (an op without a torch kernel: `{op: "ort"}`, or every such
+      op with `missing="ort"`).
 
     Every comparison is bit for bit; the report holds a DiffReport (histogram) per variation.
     """
+    from .model_io import load_model
     from .providers import parse_provider, torch_device
-    from .runtimes.ort import OrtRunner, load_model
+    from .runtimes.ort import OrtRunner
 
     if isinstance(vary, str):
         vary = (vary,)
@@ -218,17 +221,20 @@ def check_reproducible(
         variations.append(_diff("deterministic_compute", "use_deterministic_compute=False", "use_deterministic_compute=True", ref, got, names))
     device = torch_device(provider)
     if torch_deterministic if torch_deterministic is not None else device.startswith("cuda"):
-        variations += _torch_deterministic(m, feeds, device, runs, names, kernels)
+        variations += _torch_deterministic(m, feeds, device, runs, names, kernels, missing)
     first = variations[0].report
     return ReproducibilityReport(m.graph.name or "model", provider, first.dtype if first else "", runs, tuple(variations))
 
 
-def _torch_deterministic(model: Any, feeds: Mapping[str, Any], device: str, runs: int, names: Sequence[str], kernels: Mapping[Any, Any] | None = None) -> list[Variation]:
+def _torch_deterministic(
+    model: Any, feeds: Mapping[str, Any], device: str, runs: int, names: Sequence[str], kernels: Mapping[Any, Any] | None = None, missing: str = "error"
+) -> list[Variation]:
     """The torch evaluator `runs` times with deterministic algorithms on, then off, then on vs off;
     the process's previous setting is restored whatever happens."""
     from .runtimes.evaluator import TorchEvaluator
 
-    evaluator = TorchEvaluator(model, device=device, kernels=kernels)
+    extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
+    evaluator = TorchEvaluator(model, device=device, kernels=kernels, **extra)
     tfeeds = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in feeds.items()}
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     out: list[Variation] = []

@@ -10,7 +10,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from . import selection
 from .dtypes import DType, dtype_of
+from .model_io import load_model
 
 __all__ = ["REGIMES", "dims", "dtypes", "feeds", "make_feeds", "providers", "symbolic_dims"]
 
@@ -22,7 +24,6 @@ _DEFAULT_RANGE = (1, 64)
 
 def symbolic_dims(model: Any) -> list[str]:
     """The names of the symbolic dims of a model's inputs, in order of first appearance."""
-    from .runtimes.ort import load_model
 
     m = load_model(model)
     init = {i.name for i in m.graph.initializer}
@@ -161,7 +162,6 @@ def feeds(
     Integer inputs are drawn in their recorded range. Values come from a seeded torch generator whose
     seed hypothesis draws (and shrinks), so a failure reproduces from hypothesis's database.
     """
-    from .runtimes.ort import load_model
 
     m = load_model(model)
     if isinstance(regime, str) and regime not in REGIMES:
@@ -181,7 +181,6 @@ def make_feeds(model: Any, values: Mapping[str, int], regime: str, seed: int, *,
     """The feeds one example of `feeds()` draws: deterministic in (dims, regime, seed), so a failure
     report's three values reproduce it."""
     from .models.feeds import _ranges
-    from .runtimes.ort import load_model
 
     m = load_model(model)
     if regime not in REGIMES:
@@ -217,17 +216,11 @@ def make_feeds(model: Any, values: Mapping[str, int], regime: str, seed: int, *,
     return out
 
 
-def _enabled(kind: str) -> tuple[str, ...]:
-    from .plugin import current_selection
-
-    return current_selection(kind)
-
-
 def providers() -> st.SearchStrategy[str]:
     """Providers the current pytest run enabled (`--ort-providers`), CPU outside pytest."""
-    return st.sampled_from(_enabled("providers"))
+    return st.sampled_from(selection.current().providers)
 
 
 def dtypes() -> st.SearchStrategy[str]:
     """Dtypes the current pytest run enabled (`--ort-dtypes`), float32 outside pytest."""
-    return st.sampled_from(_enabled("dtypes"))
+    return st.sampled_from(selection.current().dtypes)

@@ -6,12 +6,12 @@ Values may be per dtype (`atol={"float16": 0.5, "float32": 1e-4}`); `for_dtype` 
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .dtypes import DType, dtype_of, parse_dtype
+from .formatting import g, index, pct, pct_frac, shortest
 
 __all__ = ["Tolerance", "Violation"]
 
@@ -59,9 +59,11 @@ class Tolerance:
             if _is_per_dtype(self.budget):
                 for key, b in self.budget.items():
                     parse_dtype(str(key))
-                    _validate_budget(b)  # type: ignore[arg-type]
+                    if not isinstance(b, Mapping):
+                        raise TypeError(f"budget[{key!r}] must be a dict {{threshold: fraction}}, e.g. {{1e-2: 0.001}}; got {b!r}")
+                    _validate_budget(b)
             else:
-                _validate_budget(self.budget)  # type: ignore[arg-type]
+                _validate_budget(self.budget)
 
     # -- resolution --------------------------------------------------------------------------
     @property
@@ -85,7 +87,7 @@ class Tolerance:
             rtol = 0.0 if rtol is None else rtol
         budget = self.budget
         if budget is not None and _is_per_dtype(budget):
-            budget = _pick(budget, dt)  # type: ignore[arg-type]
+            budget = _pick(budget, dt)
         max_ulp = _pick(self.max_ulp, dt)
         if atol is None and rtol is None and max_ulp is None and budget is None:
             # per-dtype rules that name other dtypes only: this one keeps its defaults (no rule at
@@ -150,25 +152,25 @@ class Tolerance:
                 out.append(
                     Violation(
                         "allclose",
-                        f"{r.out_of_tolerance:,} of {n:,} elements ({_pct(r.out_of_tolerance, n)}) exceed atol={_g(atol)} + rtol={_g(rtol)}*|expected|{at}",
+                        f"{r.out_of_tolerance:,} of {n:,} elements ({pct(r.out_of_tolerance, n)}) exceed atol={g(atol)} + rtol={g(rtol)}*|expected|{at}",
                         name,
                     )
                 )
-        if self.max_ulp is not None and r.max_ulp > float(self.max_ulp):  # type: ignore[arg-type]
-            out.append(Violation("max_ulp", f"max ULP error {_g(r.max_ulp)} exceeds max_ulp={_g(self.max_ulp)}", name))
+        limit = self.max_ulp
+        if limit is not None and not isinstance(limit, Mapping) and r.max_ulp > float(limit):
+            out.append(Violation("max_ulp", f"max ULP error {g(r.max_ulp)} exceeds max_ulp={g(limit)}", name))
         if self.budget:
-            for t, frac in sorted(self.budget.items()):  # type: ignore[union-attr]
-                t = float(t)
+            for t, frac in self._budget_items():
                 if t not in r.counts:
                     raise ValueError(f"budget threshold {t:g} is not in the report's histogram; pass thresholds including it to compare()")
                 c = r.counts[t]
                 # c / n > frac, not c > frac * n: the product can round below c (1/49 * 49 < 1), and a
                 # budget equal to the actual share must pass
-                if c / n > float(frac) if n else c > 0:
+                if c / n > frac if n else c > 0:
                     out.append(
                         Violation(
                             "budget",
-                            f"{c:,} of {n:,} elements ({_pct(c, n)}) exceed {_g(t)}; budget allows {_pct_frac(frac)}",
+                            f"{c:,} of {n:,} elements ({pct(c, n)}) exceed {g(t)}; budget allows {pct_frac(frac)}",
                             name,
                         )
                     )
@@ -177,12 +179,21 @@ class Tolerance:
     def describe(self) -> str:
         parts = []
         if self.atol is not None or self.rtol is not None:
-            parts.append(f"atol={_g(self.atol)} rtol={_g(self.rtol)}")
+            parts.append(f"atol={g(self.atol)} rtol={g(self.rtol)}")
         if self.max_ulp is not None:
-            parts.append(f"max_ulp={_g(self.max_ulp)}")
+            parts.append(f"max_ulp={g(self.max_ulp)}")
         if self.budget:
-            parts.append("budget " + ", ".join(f">{_g(t)}: {_pct_frac(f)}" for t, f in sorted(self.budget.items())))  # type: ignore[union-attr]
+            parts.append("budget " + ", ".join(f">{g(t)}: {pct_frac(f)}" for t, f in self._budget_items()))
         return "; ".join(parts) or "defaults"
+
+    def _budget_items(self) -> list[tuple[float, float]]:
+        """(threshold, fraction) of a budget resolved for one dtype, by threshold."""
+        if not self.budget:
+            return []
+        if _is_per_dtype(self.budget):
+            raise ValueError("per-dtype budget: call .for_dtype(dtype) first")
+        flat = cast(Mapping[float, float], self.budget)
+        return sorted((float(t), float(f)) for t, f in flat.items())
 
     @classmethod
     def from_marker(cls, kwargs: Mapping[str, Any]) -> Tolerance:
@@ -214,76 +225,27 @@ def _check_exact_leaf(r: Any, kind: str) -> list[Violation]:
         differ = r.out_of_tolerance
     if differ == 0 or (differ is None and r.max_abs == 0):
         return []
-    count = f"{differ:,} of {r.n:,} elements differ" if differ is not None else f"elements differ (max |diff| {_g(r.max_abs)})"
+    count = f"{differ:,} of {r.n:,} elements differ" if differ is not None else f"elements differ (max |diff| {g(r.max_abs)})"
     at = ""
     if r.argmax is not None:
-        at = f"; worst at {_fmt_index(r.argmax)}: expected {_value(r.expected_at_max, r.dtype)}, got {_value(r.got_at_max, r.dtype)}"
+        at = f"; worst at {index(r.argmax)}: expected {shortest(r.expected_at_max, r.dtype)}, got {shortest(r.got_at_max, r.dtype)}"
     return [Violation("exact", f"{count}; {kind} outputs compare exactly{at}", r.name)]
 
 
 def _worst_at(r: Any) -> str:
     """ "worst at (i, j): expected E, got G (|diff| D)", E and G printed in as many digits as tell them apart."""
-    e, g = r.expected_at_max, r.got_at_max
-    how = "NaN/Inf mismatch" if _is_nan_inf_mismatch(e, g) else f"|diff| {_g(r.max_abs)}"
-    return f"worst at {_fmt_index(r.argmax)}: expected {_value(e, r.dtype)}, got {_value(g, r.dtype)} ({how})"
+    e, gv = r.expected_at_max, r.got_at_max
+    how = "NaN/Inf mismatch" if _is_nan_inf_mismatch(e, gv) else f"|diff| {g(r.max_abs)}"
+    return f"worst at {index(r.argmax)}: expected {shortest(e, r.dtype)}, got {shortest(gv, r.dtype)} ({how})"
 
 
-def _is_nan_inf_mismatch(e: Any, g: Any) -> bool:
-    if e is None or g is None:
+def _is_nan_inf_mismatch(e: Any, got: Any) -> bool:
+    if e is None or got is None:
         return False
-    e, g = float(e), float(g)
-    if math.isnan(e) or math.isnan(g):
-        return not (math.isnan(e) and math.isnan(g))
-    return (math.isinf(e) or math.isinf(g)) and e != g
-
-
-# a value of the dtype -> the nearest value of the dtype (None: out of its range)
-def _round_f32(x: float) -> float | None:
-    try:
-        return struct.unpack("<f", struct.pack("<f", x))[0]
-    except OverflowError:
-        return None
-
-
-def _round_f16(x: float) -> float | None:
-    try:
-        return struct.unpack("<e", struct.pack("<e", x))[0]
-    except OverflowError:
-        return None
-
-
-def _round_bf16(x: float) -> float | None:
-    if _round_f32(x) is None:
-        return None
-    (bits,) = struct.unpack("<I", struct.pack("<f", x))
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16  # round to nearest even
-    if bits & 0x7F800000 == 0x7F800000:
-        return None
-    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
-
-
-_ROUND = {"float32": _round_f32, "float16": _round_f16, "bfloat16": _round_bf16, "float64": lambda x: x}
-
-
-def _value(x: Any, dtype: str) -> str:
-    """A value of an output in its dtype, in the fewest significant digits that read back as it (the
-    shortest round trip, as numpy's repr of a float32 or float16): two different values never print alike."""
-    if x is None:
-        return "-"
-    x = float(x)
-    if math.isnan(x) or math.isinf(x):
-        return str(x)
-    kind = _exact_kind(dtype)
-    if kind == "bool":
-        return str(bool(x))
-    if kind == "integer" and x.is_integer():
-        return str(int(x))
-    rounding = _ROUND.get(dtype, _ROUND["float64"])
-    for digits in range(1, 18):
-        s = f"{x:.{digits}g}"
-        if rounding(float(s)) == x:
-            return s
-    return repr(x)
+    e, got = float(e), float(got)
+    if math.isnan(e) or math.isnan(got):
+        return not (math.isnan(e) and math.isnan(got))
+    return (math.isinf(e) or math.isinf(got)) and e != got
 
 
 def _is_per_dtype(value: Any) -> bool:
@@ -325,28 +287,3 @@ def _validate_budget(budget: Mapping[Any, Any]) -> None:
             raise ValueError(f"budget threshold must be >= 0, got {t}")
         if not 0 <= frac <= 1:
             raise ValueError(f"budget fraction for {t:g} must be between 0 and 1 (0.001 = 0.1 %), got {frac}")
-
-
-def _g(x: Any) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, Mapping):
-        return "{" + ", ".join(f"{k}: {_g(v)}" for k, v in x.items()) + "}"
-    return f"{float(x):.3g}"
-
-
-def _pct(c: int, n: int) -> str:
-    return _pct_frac(c / n if n else 0.0)
-
-
-def _pct_frac(frac: float) -> str:
-    p = float(frac) * 100
-    if p == 0:
-        return "0 %"
-    if p >= 0.01:
-        return f"{p:.2f} %"
-    return f"{p:.2g} %"
-
-
-def _fmt_index(idx: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(i) for i in idx) + ")"

@@ -1,13 +1,141 @@
-"""Shared test set-up.
+"""Shared test set-up and helpers.
 
 pytester's in-process runs restore sys.modules afterwards, dropping modules first imported inside them;
 torch cannot be imported twice in one process, so the heavy modules are imported here, up front.
+Helpers the test modules share are fixtures here, not copies: `cli` (the command line, in-process),
+`seed_test` (a pytester module checking the seeds/000 graph), `contrib_source` / `contrib_model` (a graph
+of two ops without a torch kernel) and `xdist_args` (a pytester run on two xdist workers).
 """
 
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import onnx
-import onnx.reference  # noqa: F401
+import onnx.reference
 import onnxruntime  # noqa: F401
+import pytest
 import torch  # noqa: F401
 
 import pytest_ortdiff.diff
 import pytest_ortdiff.runtimes.evaluator  # noqa: F401
+
+# -- the command line, in-process ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What `python -m pytest_ortdiff ARGS` printed and returned."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@contextlib.contextmanager
+def _cwd(path: Path | None) -> Iterator[None]:
+    old = os.getcwd()
+    if path is not None:
+        os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> CliResult:
+    """`python -m pytest_ortdiff ARGS` in this process: the same main(), without an interpreter start-up
+    per call (tests/test_cli.py runs it once through `python -m` too)."""
+    from pytest_ortdiff.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with _cwd(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            rc = exc.code if isinstance(exc.code, int) else 1
+    return CliResult(rc, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli() -> Callable[..., CliResult]:
+    """`cli("merge", "job.json", cwd=path)`: the command line's exit status, stdout and stderr."""
+    return run_cli
+
+
+# -- pytester modules ------------------------------------------------------------------------------
+
+SEED_TEST = """
+import pytest
+from pytest_ortdiff import models
+
+@pytest.mark.ortdiff({marker})
+def test_lnmm(ortdiff):
+    model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+    feeds = models.random_feeds(model, dims={dims}, seed=0, device=ortdiff.device)
+    ortdiff.check(model, feeds)
+"""
+
+
+@pytest.fixture
+def seed_test() -> Callable[..., str]:
+    """The source of a test module checking the seeds/000 graph: `seed_test("dtypes=['float16']")`."""
+
+    def source(marker: str = "", dims: str = '{"a": 2, "b": 16, "c": 32}') -> str:
+        return SEED_TEST.format(marker=marker, dims=dims)
+
+    return source
+
+
+#: QuickGelu -> FastGelu (com.microsoft): two ops onnxruntime's CPU provider runs and the torch evaluator
+#: has no kernel for (contrib ops: not in the ONNX spec the evaluator follows)
+CONTRIB_SOURCE = """
+import onnx
+import onnx.helper as oh
+import torch
+
+CONTRIB_OPS = ("com.microsoft::FastGelu", "com.microsoft::QuickGelu")
+
+def contrib_model(relu=False):
+    nodes = [
+        oh.make_node("QuickGelu", ["x"], ["q"], domain="com.microsoft", alpha=1.702, name="qg"),
+        oh.make_node("FastGelu", ["q"], ["f" if relu else "y"], domain="com.microsoft", name="fg"),
+    ] + ([oh.make_node("Relu", ["f"], ["y"], name="relu")] if relu else [])
+    graph = oh.make_graph(
+        nodes, "contrib", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
+    )
+    opsets = [oh.make_opsetid("", 18), oh.make_opsetid("com.microsoft", 1)]
+    return oh.make_model(graph, opset_imports=opsets, ir_version=9)
+
+FEEDS = {"x": torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])}
+"""
+
+
+@pytest.fixture
+def contrib_source() -> str:
+    """Source defining `contrib_model(relu=False)`, `CONTRIB_OPS` and `FEEDS`, for a pytester module."""
+    return CONTRIB_SOURCE
+
+
+@pytest.fixture
+def contrib_model() -> Callable[..., onnx.ModelProto]:
+    """`contrib_model(relu=False)`: the QuickGelu -> FastGelu graph (-> Relu with relu=True)."""
+    scope: dict[str, Any] = {}
+    exec(CONTRIB_SOURCE, scope)
+    return scope["contrib_model"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def xdist_args() -> list[str]:
+    """Arguments of a pytester run on two xdist workers (skips without pytest-xdist). pytest-benchmark,
+    when installed, warns that xdist disables it, and the inner run's filterwarnings=error fails on it."""
+    pytest.importorskip("xdist")
+    return ["-n", "2", "-p", "xdist", "-p", "no:benchmark"]
+

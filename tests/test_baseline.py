@@ -501,10 +501,9 @@ def test_many(ortdiff, k):
 """
 
 
-def test_two_xdist_workers_writing_baselines_lose_nothing(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("xdist")
+def test_two_xdist_workers_writing_baselines_lose_nothing(pytester: pytest.Pytester, xdist_args: list[str]) -> None:
     pytester.makepyfile(test_par=XDIST_TEST)
-    result = pytester.runpytest("-n", "2", "-p", "xdist", "--ortdiff-update-baselines")
+    result = pytester.runpytest(*xdist_args, "--ortdiff-update-baselines")
     result.assert_outcomes(passed=24)
     result.stdout.fnmatch_lines(["wrote 48 baseline(s) (--ortdiff-update-baselines); review and commit them:"])
     d = pytester.path / "test_par_ortdiff_baselines"
@@ -517,7 +516,7 @@ def test_two_xdist_workers_writing_baselines_lose_nothing(pytester: pytest.Pytes
         b = load_baseline(d / f"test_many[CPU-float32-{k}].b.npz")
         assert b.outputs["x"].stored == "summary" and b.outputs["x"].sha256 == hashlib.sha256(torch.randn(300, 300, generator=g).numpy().tobytes()).hexdigest()
         assert torch.equal(b.outputs["n"].tensor, torch.arange(k + 1))
-    pytester.runpytest("-n", "2", "-p", "xdist").assert_outcomes(passed=24)
+    pytester.runpytest(*xdist_args).assert_outcomes(passed=24)
 
 
 def test_zip_crc_damage_inside_a_valid_archive_is_caught(tmp_path: Path) -> None:

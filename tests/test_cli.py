@@ -10,7 +10,9 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,21 +23,6 @@ from pytest_ortdiff import conformance, models
 from pytest_ortdiff.cli import _model_dtype, main
 from pytest_ortdiff.conformance import CaseResult
 from pytest_ortdiff.providers import unavailable_reason
-
-SEED_TEST = """
-import pytest
-from pytest_ortdiff import models
-
-@pytest.mark.ortdiff(dtypes=["float32", "float16"])
-def test_lnmm(ortdiff):
-    model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
-    feeds = models.random_feeds(model, dims={"a": 2, "b": 8, "c": 16}, seed=0, device=ortdiff.device)
-    ortdiff.check(model, feeds)
-"""
-
-
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_ortdiff", *args], capture_output=True, text=True, cwd=cwd, check=False)
 
 
 def _row(test: str, dtype: str, passed: bool, max_abs: float = 1.5e-4) -> dict:
@@ -63,8 +50,8 @@ def _write(path: Path, rows: list[dict], skips: list[dict] | None = None) -> Pat
 # -- merge ------------------------------------------------------------------------------------------
 
 
-def test_merge_reports_written_by_pytest_runs(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_seed=SEED_TEST)
+def test_merge_reports_written_by_pytest_runs(pytester: pytest.Pytester, seed_test: Callable[..., str], cli: Callable[..., Any]) -> None:
+    pytester.makepyfile(test_seed=seed_test('dtypes=["float32", "float16"]', dims='{"a": 2, "b": 8, "c": 16}'))
     pytester.runpytest("--ort-dtypes=float32", "--ortdiff-json=jobs/cpu-float32.json").assert_outcomes(passed=1)
     pytester.runpytest("--ort-dtypes=float16", "--ortdiff-json=jobs/cpu-float16.json").assert_outcomes(passed=1)
     out = cli("merge", "jobs/cpu-float32.json", "jobs/cpu-float16.json", cwd=pytester.path)
@@ -78,7 +65,7 @@ def test_merge_reports_written_by_pytest_runs(pytester: pytest.Pytester) -> None
     assert "2 check(s) from 2 file(s): 2 passed, 0 failed" in lines
 
 
-def test_merge_markdown_strict_and_skips(tmp_path: Path) -> None:
+def test_merge_markdown_strict_and_skips(tmp_path: Path, cli: Callable[..., Any]) -> None:
     a = _write(tmp_path / "job-a.json", [_row("t.py::a[CPU-float32]", "float32", True)])
     b = _write(
         tmp_path / "job-b.json",
@@ -102,7 +89,7 @@ def test_merge_markdown_strict_and_skips(tmp_path: Path) -> None:
     assert cli("merge", str(a), "--strict").returncode == 0
 
 
-def test_merge_label_from_file_and_output(tmp_path: Path) -> None:
+def test_merge_label_from_file_and_output(tmp_path: Path, cli: Callable[..., Any]) -> None:
     a = _write(tmp_path / "ort-1.20.json", [_row("t.py::a[CPU-float32]", "float32", True)])
     b = _write(tmp_path / "ort-1.21.json", [_row("t.py::a[CPU-float32]", "float32", True, max_abs=2e-4)])
     merged = tmp_path / "merged.json"
@@ -116,7 +103,7 @@ def test_merge_label_from_file_and_output(tmp_path: Path) -> None:
     assert data["skips"] == []
 
 
-def test_merge_corrupt_json_is_a_clear_error(tmp_path: Path) -> None:
+def test_merge_corrupt_json_is_a_clear_error(tmp_path: Path, cli: Callable[..., Any]) -> None:
     good = _write(tmp_path / "good.json", [_row("t.py::a", "float32", True)])
     bad = tmp_path / "bad.json"
     bad.write_text('{"results": [')  # a job killed while writing
@@ -135,7 +122,7 @@ def test_merge_corrupt_json_is_a_clear_error(tmp_path: Path) -> None:
     ],
     ids=["list", "no-results", "missing"],
 )
-def test_merge_wrong_files_exit_2(tmp_path: Path, content: str | None, message: str) -> None:
+def test_merge_wrong_files_exit_2(tmp_path: Path, cli: Callable[..., Any], content: str | None, message: str) -> None:
     path = tmp_path / "job.json"
     if content is not None:
         path.write_text(content)
@@ -157,7 +144,7 @@ def test_merge_wrong_files_exit_2(tmp_path: Path, content: str | None, message: 
     ],
     ids=["row-without-test", "row-not-object", "results-not-list", "bad-outcome", "test-without-id", "bad-skip"],
 )
-def test_merge_malformed_rows_name_file_and_row(tmp_path: Path, content: str, message: str) -> None:
+def test_merge_malformed_rows_name_file_and_row(tmp_path: Path, cli: Callable[..., Any], content: str, message: str) -> None:
     path = tmp_path / "job.json"
     path.write_text(content)
     out = cli("merge", str(path))
@@ -171,7 +158,7 @@ def _outcomes(path: Path, rows: list[dict], tests: list[dict]) -> Path:
     return path
 
 
-def test_merge_old_and_new_files_strict_on_failed_tests(tmp_path: Path) -> None:
+def test_merge_old_and_new_files_strict_on_failed_tests(tmp_path: Path, cli: Callable[..., Any]) -> None:
     old = _write(tmp_path / "old.json", [_row("t.py::a[CPU-float32]", "float32", True)])  # no 'tests': still merges
     new = _outcomes(
         tmp_path / "new.json",
@@ -196,7 +183,7 @@ def test_merge_old_and_new_files_strict_on_failed_tests(tmp_path: Path) -> None:
     assert cli("merge", str(old), str(new)).returncode == 0
 
 
-def test_merge_failed_test_whose_checks_passed_gets_its_own_row(tmp_path: Path) -> None:
+def test_merge_failed_test_whose_checks_passed_gets_its_own_row(tmp_path: Path, cli: Callable[..., Any]) -> None:
     job = _outcomes(
         tmp_path / "job.json",
         [_row("t.py::a[CPU-float32]", "float32", True), {**_row("t.py::a[CPU-float32]", "float32", True), "test": "t.py::a[CPU-float32] [baseline out]"}],
@@ -212,7 +199,7 @@ def test_merge_failed_test_whose_checks_passed_gets_its_own_row(tmp_path: Path) 
     ]
 
 
-def test_merge_output_keeps_test_outcomes_and_merges_again(tmp_path: Path) -> None:
+def test_merge_output_keeps_test_outcomes_and_merges_again(tmp_path: Path, cli: Callable[..., Any]) -> None:
     job = _outcomes(
         tmp_path / "cpu.json",
         [_row("t.py::a[CPU-float32]", "float32", True)],
@@ -228,7 +215,7 @@ def test_merge_output_keeps_test_outcomes_and_merges_again(tmp_path: Path) -> No
     assert "errored: t.py::b (cpu): RuntimeError: fixture broke" in again.stdout.splitlines()
 
 
-def test_no_command_is_a_usage_error() -> None:
+def test_no_command_is_a_usage_error(cli: Callable[..., Any]) -> None:
     out = cli()
     assert out.returncode == 2
     assert "the following arguments are required: command" in out.stderr
@@ -269,7 +256,8 @@ def test_compare_float16_model_uses_its_dtype(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_compare_through_python_m(model_file: Path) -> None:
-    out = cli("compare", str(model_file), "--dim", "a=1", "--dim", "b=2", "--dim", "c=4")
+    # the one run through a fresh interpreter: the other tests call the same main() in-process
+    out = subprocess.run([sys.executable, "-m", "pytest_ortdiff", "compare", str(model_file), "--dim", "a=1", "--dim", "b=2", "--dim", "c=4"], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[2] == "output 'Z'  float32[1x2x4]  n=8"
 
@@ -322,9 +310,9 @@ def _one_node(path: Path, op: str, *, domain: str = "", **attrs: object) -> Path
 @pytest.mark.parametrize(
     ("make", "args", "message"),
     [
-        ("quickgelu", ["--dim", "a=2"], "error: no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead: --ort-kernel com.microsoft::QuickGelu\n"),
-        ("unknown-op", ["--dim", "a=2"], "error: {path} fails onnx.checker: No Op registered for Foo with domain_version of 18 (Bad node spec for node. Name: OpType: Foo)\n"),
-        ("bad-attribute", ["--dim", "a=2"], "error: {path} fails onnx.checker: Unrecognized attribute: bogus for operator Relu (Bad node spec for node. Name: OpType: Relu)\n"),
+        ("quickgelu", ["--dim", "a=2"], "error: no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead: --ort-kernel com.microsoft::QuickGelu (or --missing=ort)\n"),
+        ("unknown-op", ["--dim", "a=2"], "error: {path} fails onnx.checker: No Op registered for Foo with domain_version of 18 (Bad node spec for node. Name: OpType: Foo); fix the graph\n"),
+        ("bad-attribute", ["--dim", "a=2"], "error: {path} fails onnx.checker: Unrecognized attribute: bogus for operator Relu (Bad node spec for node. Name: OpType: Relu); fix the graph\n"),
         ("garbage", ["--dim", "a=2"], "error: cannot load {path!r}: not an ONNX model (Error parsing message with type 'onnx.ModelProto': Wire format was corrupt)\n"),
         ("relu", ["--dim", "a=2", "--dim", "batch=3"], "error: --dim batch=3: the model has no symbolic dim 'batch'; its symbolic dims: a\n"),
         ("relu", ["--dim", "a=0"], "error: --dim a=0: expected a positive integer, e.g. --dim a=2\n"),
@@ -401,6 +389,91 @@ def test_compare_judges_the_dtype_of_the_outputs(tmp_path: Path, capsys: pytest.
     assert lines[2] == "output 'Y'  float16[5x4]  n=20"
 
 
+def _embedding_file(tmp_path: Path) -> Path:
+    """BERT's embedding lookup in small: word ids index 16 rows, token type ids a table of 2 rows."""
+    word = numpy_helper.from_array(np.linspace(-1, 1, 64, dtype=np.float32).reshape(16, 4), "word")
+    token_type = numpy_helper.from_array(np.array([[0.5] * 4, [-0.5] * 4], dtype=np.float32), "token_type")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["word", "input_ids"], ["w"]),
+            helper.make_node("Gather", ["token_type", "token_type_ids"], ["t"]),
+            helper.make_node("Add", ["w", "t"], ["Y"]),
+        ],
+        "embedding",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "token_type_ids")],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", "seq", 4])],
+        initializer=[word, token_type],
+    )
+    path = tmp_path / "embedding.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+def test_compare_feeds_from_a_file_and_input_ranges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _embedding_file(tmp_path)
+    ids = np.array([[1, 15, 3], [0, 7, 2]], dtype=np.int64)
+    both = tmp_path / "both.npz"
+    np.savez(both, input_ids=ids, token_type_ids=np.array([[0, 0, 1], [0, 1, 1]], dtype=np.int64))
+    assert main(["compare", str(path), "--feeds", str(both)]) == 0  # no --dim: the feeds fix batch and seq
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{path}: torch evaluator vs onnxruntime CPU float32, dims {{'batch': 2, 'seq': 3}}, seed 0; feeds from {both}: input_ids, token_type_ids"
+    assert out[1:3] == ["passed (atol=0.0001 rtol=0.0001)", "output 'Y'  float32[2x3x4]  n=24"]
+    # some inputs from the file, the others drawn in the range given (HI excluded: 0 and 1)
+    ids_only = tmp_path / "ids.npz"
+    np.savez(ids_only, input_ids=ids)
+    assert main(["compare", str(path), "--feeds", str(ids_only), "--input-range", "token_type_ids=0:2", "--seed", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(f"dims {{'batch': 2, 'seq': 3}}, seed 1; feeds from {ids_only}: input_ids; input ranges: token_type_ids=[0, 2)")
+    assert out[1] == "passed (atol=0.0001 rtol=0.0001)"
+    # without them, the token type ids drawn from [0, 10) index out of the table: onnxruntime says so in one line
+    assert main(["compare", str(path), "--dim", "batch=2", "--dim", "seq=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: onnxruntime cannot run {path}: Error in execution: Non-zero status code returned while running Gather node.")
+    assert err.endswith(
+        "(integer inputs were drawn: input_ids from [0, 10), token_type_ids from [0, 10); give their range with "
+        "--input-range NAME=LO:HI or their values with --feeds FILE.npz)\n"
+    )
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("arrays", "args", "message"),
+    [
+        ({"input_ids": [[1, 2]], "segment": [[0, 1]]}, [], "--feeds {npz}: 'segment' is not an input of the model; its inputs: input_ids: int64[batch, seq], token_type_ids: int64[batch, seq]"),
+        ({"arr_0": [[1, 2]]}, [], "--feeds {npz}: 'arr_0' is not an input of the model; its inputs: input_ids: int64[batch, seq], token_type_ids: int64[batch, seq]; save them by name: numpy.savez(path, input_name=array, ...)"),
+        ({"input_ids": np.array([[1, 2]], dtype=np.int32)}, ["--dim", "batch=1", "--dim", "seq=2"], "--feeds {npz}: feed 'input_ids' has dtype int32, the model declares int64[batch, seq]; cast it (e.g. .astype(numpy.int64))"),
+        ({"input_ids": [1, 2]}, [], "--feeds {npz}: feed 'input_ids' has shape (2,) (rank 1), the model declares int64[batch, seq]"),
+        ({"input_ids": [[1, 2]], "token_type_ids": [[0, 1, 1]]}, [], "--feeds {npz}: feed 'token_type_ids' has seq=3 (axis 1), but feed 'input_ids' has seq=2 (axis 1); the model declares both seq"),
+        ({"input_ids": [[1, 2]]}, ["--dim", "seq=3"], "--dim seq=3: the feeds in {npz} have seq=2; drop --dim seq or change the file"),
+        ({"input_ids": [[1, 2]]}, ["--input-range", "input_ids=0:4"], "--input-range input_ids=0:4: 'input_ids' comes from --feeds {npz}; drop one of the two"),
+        ({}, ["--dim", "batch=1", "--dim", "seq=2", "--input-range", "token_type_ids=2:2"], "--input-range token_type_ids=2:2: LO must be below HI (HI is excluded: token_type_ids=0:2 draws 0 and 1)"),
+        ({}, ["--dim", "batch=1", "--dim", "seq=2", "--input-range", "token_type_ids=0:1.5"], "--input-range token_type_ids=0:1.5: LO and HI must be integers ('token_type_ids' is int64), e.g. --input-range token_type_ids=0:2 (HI excluded: draws 0 and 1)"),
+        ({}, ["--dim", "batch=1", "--dim", "seq=2", "--input-range", "segment=0:2"], "--input-range segment=0:2: the model has no input 'segment'; its inputs: input_ids, token_type_ids"),
+        ({}, ["--dim", "batch=1", "--dim", "seq=2", "--input-range", "token_type_ids"], "--input-range 'token_type_ids': expected NAME=LO:HI, e.g. --input-range token_type_ids=0:2 (HI excluded: draws 0 and 1)"),
+    ],
+    ids=["unknown-name", "unnamed", "wrong-dtype", "wrong-rank", "inconsistent-dims", "dim-against-feeds", "range-of-a-fed-input", "empty-range", "float-bounds", "range-unknown-input", "range-format"],
+)
+def test_compare_bad_feeds_or_ranges_are_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arrays: dict[str, Any], args: list[str], message: str
+) -> None:
+    path = _embedding_file(tmp_path)
+    npz = tmp_path / "feeds.npz"
+    argv = ["compare", str(path), *args]
+    if arrays:
+        np.savez(npz, **{k: np.asarray(v) for k, v in arrays.items()})
+        argv += ["--feeds", str(npz)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: {message.format(npz=npz)}\n"
+
+
+def test_compare_missing_ort_runs_the_ops_without_a_kernel_on_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _one_node(tmp_path / "quickgelu.onnx", "QuickGelu", domain="com.microsoft", alpha=1.702)
+    assert main(["compare", str(path), "--dim", "a=2", "--missing=ort"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("dims {'a': 2}, seed 0; ops without a torch kernel on onnxruntime")
+    assert lines[1:4] == ["passed (atol=0.0001 rtol=0.0001)", "ran on onnxruntime (no torch kernel): com.microsoft::QuickGelu", "output 'Y'  float32[2x4]  n=8"]
+
+
 def test_model_dtype_order() -> None:
 
     def model(inputs: list[int], outputs: list[int], init: np.ndarray | None = None) -> onnx.ModelProto:
@@ -445,7 +518,7 @@ def test_demo_passes_its_arguments_to_pytest(monkeypatch: pytest.MonkeyPatch, ar
 
 
 def test_demo_runs_the_example_suite() -> None:
-    out = cli("demo", "-q", "-k", "CPU-float32")
+    out = subprocess.run([sys.executable, "-m", "pytest_ortdiff", "demo", "-q", "-k", "CPU-float32"], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     # pytest in a fresh interpreter: in-process it warned that pytest_ortdiff was imported before it
     assert re.match(r"1 passed, \d+ deselected in ", out.stdout.splitlines()[-1]), out.stdout

@@ -1,11 +1,13 @@
-"""The example suites a user copies must keep working: each runs in its own pytest process, as a user
-would run it, and its outcome counts are pinned."""
+"""The example suites a user copies must keep working: they run in their own pytest processes, as a user
+would run them, and each file's outcome counts are pinned."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,22 +30,34 @@ def _run(*args: str, cwd: Path) -> tuple[int, str, dict[str, int]]:
 
 
 @pytest.mark.parametrize(
-    ("example", "dtypes", "expected"),
+    ("dtypes", "expected"),
     [
-        # CUDA rows are skipped here, named under "holes in the provider × dtype matrix"
-        ("test_layer_norm_matmul_add.py", "float32,float16", {"passed": 2, "skipped": 2}),
-        ("test_blame_layer_norm.py", "float32,float16", {"passed": 2, "skipped": 2}),
-        ("test_fp16_hazards.py", "float32,float16", {"passed": 10, "xfailed": 5}),
-        ("test_llama_attention.py", "float32,float16,bfloat16", {"passed": 8, "skipped": 4}),
-        ("test_fuzz_layer_norm.py", "float32,float16", {"passed": 3}),
-        ("test_fuzz_attention.py", "float32,float16", {"passed": 3}),
+        (
+            "float32,float16",
+            {
+                # CUDA rows are skipped here, named under "holes in the provider × dtype matrix"
+                "test_layer_norm_matmul_add.py": {"passed": 2, "skipped": 2},
+                "test_blame_layer_norm.py": {"passed": 2, "skipped": 2},
+                "test_fp16_hazards.py": {"passed": 10, "xfailed": 5},
+                "test_fuzz_layer_norm.py": {"passed": 3},
+                "test_fuzz_attention.py": {"passed": 3},
+            },
+        ),
+        ("float32,float16,bfloat16", {"test_llama_attention.py": {"passed": 8, "skipped": 4}}),
     ],
+    ids=["float32-float16", "with-bfloat16"],
 )
-def test_example_suite_passes(example: str, dtypes: str, expected: dict[str, int], tmp_path: Path) -> None:
-    rc, out, counts = _run(str(EXAMPLES / example), f"--ort-dtypes={dtypes}", "--hypothesis-profile=ortdiff-ci", cwd=tmp_path)
+def test_example_suites_pass(dtypes: str, expected: dict[str, dict[str, int]], tmp_path: Path) -> None:
+    """The suites that run with the same dtypes run in one pytest process (one start-up, not one per
+    file); the --ortdiff-json file's test outcomes give each file's counts."""
+    files = [str(EXAMPLES / name) for name in expected]
+    rc, out, _ = _run(*files, f"--ort-dtypes={dtypes}", "--hypothesis-profile=ortdiff-ci", "--ortdiff-json=job.json", cwd=tmp_path)
     assert rc == 0, out[-3000:]
-    assert counts == expected, out[-3000:]
-    assert "ortdiff summary" in out or "blame" in example, out[-3000:]
+    counts: dict[str, Counter[str]] = {name: Counter() for name in expected}
+    for t in json.loads((tmp_path / "job.json").read_text())["tests"]:
+        counts[Path(t["test"].split("::")[0]).name][t["outcome"]] += 1
+    assert {name: dict(c) for name, c in counts.items()} == expected, out[-3000:]
+    assert "ortdiff summary" in out, out[-3000:]
 
 
 def test_baseline_example_fails_until_created_then_passes(tmp_path: Path) -> None:

@@ -5,25 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 import pytest
 
-SEED_TEST = """
-import pytest
-from pytest_ortdiff import models
-
-@pytest.mark.ortdiff({marker})
-def test_lnmm(ortdiff):
-    model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
-    feeds = models.random_feeds(model, dims={{"a": 2, "b": 16, "c": 32}}, seed=0, device=ortdiff.device)
-    ortdiff.check(model, feeds)
-"""
-
-
-def _cuda_usable() -> bool:
-    from pytest_ortdiff.providers import unavailable_reason
-
-    return unavailable_reason("CUDA") is None
+from pytest_ortdiff.providers import unavailable_reason
 
 
 def test_help_lists_the_ortdiff_options(pytester: pytest.Pytester) -> None:
@@ -129,7 +115,7 @@ def test_unknown_names_are_usage_errors(pytester: pytest.Pytester, args: list[st
     result.stderr.fnmatch_lines([message])
 
 
-@pytest.mark.skipif(_cuda_usable(), reason="CUDA is available here: nothing to report as unavailable")
+@pytest.mark.skipif(unavailable_reason("CUDA") is None, reason="CUDA is available here: nothing to report as unavailable")
 def test_explicit_unavailable_provider_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_a(ortdiff):\n    pass\n")
     result = pytester.runpytest("--ort-providers=CPU,CUDA")
@@ -137,7 +123,7 @@ def test_explicit_unavailable_provider_is_a_usage_error(pytester: pytest.Pyteste
     result.stderr.fnmatch_lines(["*--ort-providers: CUDAExecutionProvider * available: CPU*--ort-skip-unavailable*"])
 
 
-@pytest.mark.skipif(_cuda_usable(), reason="CUDA is available here: nothing to skip")
+@pytest.mark.skipif(unavailable_reason("CUDA") is None, reason="CUDA is available here: nothing to skip")
 def test_skip_unavailable_turns_the_error_into_named_skips(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_a(ortdiff):\n    pass\n")
     result = pytester.runpytest("--ort-providers=CPU,CUDA", "--ort-skip-unavailable", "-rs")
@@ -146,7 +132,7 @@ def test_skip_unavailable_turns_the_error_into_named_skips(pytester: pytest.Pyte
     result.stdout.fnmatch_lines(["SKIPPED*CUDAExecutionProvider*"])
 
 
-@pytest.mark.skipif(_cuda_usable(), reason="CUDA is available here: nothing to skip")
+@pytest.mark.skipif(unavailable_reason("CUDA") is None, reason="CUDA is available here: nothing to skip")
 def test_provider_asked_by_marker_only_is_skipped_with_reason(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
@@ -194,8 +180,8 @@ def test_marker_without_fixture_is_an_error(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*uses none of the fixtures ortdiff, ort_provider, ort_dtype*"])
 
 
-def test_passing_check_and_summary_table(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_seed=SEED_TEST.format(marker="dtypes=['float32', 'float16']"))
+def test_passing_check_and_summary_table(pytester: pytest.Pytester, seed_test: Callable[..., str]) -> None:
+    pytester.makepyfile(test_seed=seed_test("dtypes=['float32', 'float16']"))
     result = pytester.runpytest("-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
@@ -208,9 +194,9 @@ def test_passing_check_and_summary_table(pytester: pytest.Pytester) -> None:
     )
 
 
-def test_failing_check_prints_the_report(pytester: pytest.Pytester) -> None:
+def test_failing_check_prints_the_report(pytester: pytest.Pytester, seed_test: Callable[..., str]) -> None:
     # a budget of zero elements above 0 cannot hold between two float16 implementations of LayerNorm+MatMul
-    pytester.makepyfile(test_seed=SEED_TEST.format(marker="dtypes=['float16'], budget={0.0: 0.0}"))
+    pytester.makepyfile(test_seed=seed_test("dtypes=['float16'], budget={0.0: 0.0}"))
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
@@ -226,24 +212,24 @@ def test_failing_check_prints_the_report(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float16[]] * CPU * float16 * failed"])
 
 
-def test_per_dtype_tolerance(pytester: pytest.Pytester) -> None:
+def test_per_dtype_tolerance(pytester: pytest.Pytester, seed_test: Callable[..., str]) -> None:
     # float16 gets a generous ULP limit, float32 an impossible exactness: only float32 fails
-    pytester.makepyfile(test_seed=SEED_TEST.format(marker="dtypes=['float32', 'float16'], max_ulp={'float16': 64, 'float32': 0}, atol={'float16': 1.0}"))
+    pytester.makepyfile(test_seed=seed_test("dtypes=['float32', 'float16'], max_ulp={'float16': 64, 'float32': 0}, atol={'float16': 1.0}"))
     result = pytester.runpytest("-v")
     result.stdout.fnmatch_lines(["*test_lnmm[[]CPU-float32[]] FAILED*", "*test_lnmm[[]CPU-float16[]] PASSED*"])
     result.stdout.fnmatch_lines(["*max ULP error * exceeds max_ulp=0*"])
 
 
-def test_bfloat16_hole_on_cpu_is_named(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_seed=SEED_TEST.format(marker="dtypes=['bfloat16']"))
+def test_bfloat16_hole_on_cpu_is_named(pytester: pytest.Pytester, seed_test: Callable[..., str]) -> None:
+    pytester.makepyfile(test_seed=seed_test("dtypes=['bfloat16']"))
     result = pytester.runpytest("-rs")
     # onnxruntime's CPU provider has no bfloat16 LayerNormalization/MatMul: the op is named
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*holes in the provider × dtype matrix*", "1 test(s) skipped: CPU-bfloat16: onnxruntime CPUExecutionProvider has no bfloat16 kernel for *(*)"])
 
 
-def test_reports_and_json(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_seed=SEED_TEST.format(marker="dtypes=['float32']"))
+def test_reports_and_json(pytester: pytest.Pytester, seed_test: Callable[..., str]) -> None:
+    pytester.makepyfile(test_seed=seed_test("dtypes=['float32']"))
     result = pytester.runpytest("--ortdiff-reports", "--ortdiff-json=out/results.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*- ortdiff reports -*", "test_seed.py::test_lnmm[[]CPU-float32[]] (passed; tolerance *)", "output 'Z'  float32[[]2x16x32[]]  n=1,024", "*wrote 1 result(s) to out*results.json"])
@@ -255,64 +241,52 @@ def test_reports_and_json(pytester: pytest.Pytester) -> None:
     assert row["max_abs"] == row["report"]["max_abs"] < 1e-3
 
 
-def test_summary_under_xdist(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("xdist")
-    pytester.makepyfile(test_seed=SEED_TEST.format(marker="dtypes=['float32', 'float16']"))
-    result = pytester.runpytest("-n", "2", "-p", "xdist")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*= ortdiff summary =*"])
-    result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float16[]] * passed"])
-    result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float32[]] * passed"])
-
-
-def test_plugin_import_is_light() -> None:
-    import subprocess
-    import sys
-
-    code = "import sys, pytest_ortdiff.plugin; print(any(m in sys.modules for m in ('torch', 'onnxruntime')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-
-
 # -- the OrtDiff checker: kernels, bad models, integer outputs, fuzz and feed validation --------------
 
-HARDMAX_TEST = """
-import onnx
-import onnx.helper as oh
-import torch
-
-def hardmax_model():
-    node = oh.make_node("Hardmax", ["x"], ["y"], axis=-1, name="hm")
-    graph = oh.make_graph(
-        [node], "hm", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
-        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
-    )
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
-
-FEEDS = {"x": torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])}
+CONTRIB_TESTS = """
+import pytest
 
 def test_no_kernel(ortdiff):
-    ortdiff.check(hardmax_model(), FEEDS)
+    ortdiff.check(contrib_model(), FEEDS)
 
 def test_kernels_passed_through(ortdiff):
-    report = ortdiff.check(hardmax_model(), FEEDS, kernels={("", "Hardmax"): "ort"})
+    kernels = {("com.microsoft", "QuickGelu"): "ort", ("com.microsoft", "FastGelu"): "ort"}
+    report = ortdiff.check(contrib_model(), FEEDS, kernels=kernels)
     assert report.is_exact
-    (y,) = ortdiff.run(hardmax_model(), FEEDS, runtime="torch", kernels={("", "Hardmax"): "ort"})
-    assert y.tolist() == [[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]
+    (y,) = ortdiff.run(contrib_model(), FEEDS, runtime="torch", kernels=kernels)
+    (expected,) = ortdiff.run(contrib_model(), FEEDS)
+    assert y.tolist() == expected.tolist()
+
+def test_missing_ort(ortdiff):
+    assert ortdiff.check(contrib_model(), FEEDS, missing="ort").is_exact
+
+@pytest.mark.ortdiff(atol=0.5, rtol=0.0)
+def test_missing_ort_broken(ortdiff):
+    ortdiff.check(contrib_model(relu=True), FEEDS, missing="ort", kernels={("", "Relu"): lambda x: x.relu() + 1.0})
 """
 
 
-def test_missing_kernel_in_a_test_says_how_to_pass_kernels(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_hm=HARDMAX_TEST)
-    result = pytester.runpytest()
-    result.assert_outcomes(passed=1, failed=1)
+def test_ops_without_a_kernel_in_a_test(pytester: pytest.Pytester, contrib_source: str) -> None:
+    """An op the evaluator lacks fails a test naming every such op and the one call that runs it
+    (kernels= naming them all, or missing="ort"); missing="ort" runs them on onnxruntime, and the report
+    and the summary row name them."""
+    pytester.makepyfile(test_ops=contrib_source + CONTRIB_TESTS)
+    result = pytester.runpytest("-rf")
+    result.assert_outcomes(passed=2, failed=2)
+    ops = "com.microsoft::FastGelu, com.microsoft::QuickGelu"
+    kernels = "{('com.microsoft', 'FastGelu'): 'ort', ('com.microsoft', 'QuickGelu'): 'ort'}"
     result.stdout.fnmatch_lines(
         [
-            "*MissingKernelError: no torch kernel for Hardmax (opset 18); known ops: *"
-            "; in a test: ortdiff.check(model, feeds, kernels={('', 'Hardmax'): 'ort'})",
-            "FAILED test_hm.py::test_no_kernel[[]CPU-float32[]]*",
+            f"*MissingKernelError: no torch kernel for com.microsoft::FastGelu (opset 1), com.microsoft::QuickGelu (opset 1);*"
+            f"; in a test: ortdiff.check(model, feeds, kernels={kernels}) (or ortdiff.check(model, feeds, missing='ort'))",
         ]
     )
+    result.stdout.fnmatch_lines(["*OrtDiffFailure: ortdiff: torch evaluator vs onnxruntime CPU float32: tolerance broken (atol=0.5 rtol=0)", f"E *ran on onnxruntime (no torch kernel): {ops}"])
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line) for line in result.stdout.lines if line.startswith("test_ops.py::"))}
+    assert rows["test_ops.py::test_missing_ort[CPU-float32]"][-2:] == [f"exact; ran on onnxruntime (no torch kernel): {ops}", "passed"]
+    assert rows["test_ops.py::test_missing_ort_broken[CPU-float32]"][-2].endswith(f"; ran on onnxruntime (no torch kernel): {ops}")
+    assert rows["test_ops.py::test_missing_ort_broken[CPU-float32]"][-1] == "failed"
+    assert rows["test_ops.py::test_kernels_passed_through[CPU-float32]"][-2:] == ["exact", "passed"]  # kernels= is the user's own choice
 
 
 def test_evaluators_are_cached_per_kernel_overrides() -> None:
@@ -363,7 +337,7 @@ def test_model_failing_onnx_checker_fails_before_onnxruntime(pytester: pytest.Py
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["E *ValueError: the model fails onnx.checker: Nodes in a graph must be topologically sorted, however input 'missing' of node: name:  OpType: Relu is not output of any previous nodes; fix the graph"]
+        ["E *InvalidModelError: the model fails onnx.checker: Nodes in a graph must be topologically sorted, however input 'missing' of node: name: OpType: Relu is not output of any previous nodes; fix the graph"]
     )
     result.stdout.no_fnmatch_line("*InvalidArgument*")
     result.stdout.no_fnmatch_line("*onnxruntime.capi*")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,10 +44,6 @@ def test_skipped(ortdiff):
 """
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_ortdiff", *args], capture_output=True, text=True, cwd=cwd, check=False)
-
-
 def _tests(path: Path) -> dict[str, dict]:
     return {t["test"]: t for t in json.loads(path.read_text())["tests"]}
 
@@ -79,7 +75,7 @@ def test_json_records_every_test_outcome(pytester: pytest.Pytester) -> None:
     }
 
 
-def test_merge_strict_fails_on_tests_that_failed_without_a_check(pytester: pytest.Pytester) -> None:
+def test_merge_strict_fails_on_tests_that_failed_without_a_check(pytester: pytest.Pytester, cli: Callable[..., Any]) -> None:
     pytester.makepyfile(test_mixed=MIXED)
     pytester.runpytest("--ortdiff-json=job.json")
     out = cli("merge", "job.json", "--strict", cwd=pytester.path)
@@ -99,7 +95,7 @@ def test_merge_strict_fails_on_tests_that_failed_without_a_check(pytester: pytes
     assert "| test_mixed.py::test_no_check | - | - | - | - | no check ran | failed |" in markdown.stdout.splitlines()
 
 
-def test_json_is_written_when_no_check_ran(pytester: pytest.Pytester) -> None:
+def test_json_is_written_when_no_check_ran(pytester: pytest.Pytester, cli: Callable[..., Any]) -> None:
     pytester.makepyfile(test_plain="def test_a():\n    assert False\n\ndef test_b():\n    pass\n")
     result = pytester.runpytest("--ortdiff-json=jobs/job.json")
     result.assert_outcomes(passed=1, failed=1)
@@ -112,7 +108,7 @@ def test_json_is_written_when_no_check_ran(pytester: pytest.Pytester) -> None:
     assert "2 test(s): 1 passed, 1 failed, 0 error(s), 0 skipped" in out.stdout.splitlines()
 
 
-def test_json_records_a_collection_error(pytester: pytest.Pytester) -> None:
+def test_json_records_a_collection_error(pytester: pytest.Pytester, cli: Callable[..., Any]) -> None:
     pytester.makepyfile(test_ok="def test_a():\n    pass\n", test_broken="import no_such_module_here\n")
     result = pytester.runpytest("--ortdiff-json=job.json")
     assert result.ret == pytest.ExitCode.INTERRUPTED
@@ -124,14 +120,18 @@ def test_json_records_a_collection_error(pytester: pytest.Pytester) -> None:
     assert re.split(r"\s{2,}", out.stdout.splitlines()[1]) == ["test_broken.py", "-", "-", "-", "-", "no check ran", "error"]
 
 
-def test_json_under_xdist_is_written_by_the_controller(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("xdist")
-    pytester.makepyfile(test_mixed=MIXED)
-    result = pytester.runpytest("-n", "2", "-p", "xdist", "--ortdiff-json=job.json")
-    result.assert_outcomes(passed=1, failed=2, errors=1, skipped=1)
-    result.stdout.fnmatch_lines(["ortdiff: wrote 1 result(s) to job.json"])
+def test_summary_and_json_under_xdist(pytester: pytest.Pytester, seed_test: Callable[..., str], xdist_args: list[str]) -> None:
+    """One run on two workers: the summary table has every worker's rows, and the controller alone writes
+    the JSON file with every test's outcome."""
+    pytester.makepyfile(test_mixed=MIXED, test_seed=seed_test("dtypes=['float32', 'float16']"))
+    result = pytester.runpytest(*xdist_args, "--ortdiff-json=job.json")
+    result.assert_outcomes(passed=3, failed=2, errors=1, skipped=1)
+    result.stdout.fnmatch_lines(["*= ortdiff summary =*"])
+    result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float16[]] * passed"])
+    result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float32[]] * passed"])
+    result.stdout.fnmatch_lines(["ortdiff: wrote 3 result(s) to job.json"])
     tests = _tests(pytester.path / "job.json")
-    assert {k: v["outcome"] for k, v in tests.items()} == {
+    assert {k: v["outcome"] for k, v in tests.items() if k.startswith("test_mixed")} == {
         "test_mixed.py::test_checked[CPU-float32]": "passed",
         "test_mixed.py::test_fails_before_check[CPU-float32]": "failed",
         "test_mixed.py::test_no_check": "failed",
@@ -235,7 +235,7 @@ def test_empty_option_is_a_usage_error(pytester: pytest.Pytester, arg: str, mess
 # -- NaN/Inf mismatches in the summary ----------------------------------------------------------------
 
 
-def test_summary_names_nan_mismatches(pytester: pytest.Pytester) -> None:
+def test_summary_names_nan_mismatches(pytester: pytest.Pytester, cli: Callable[..., Any]) -> None:
     # a baseline of finite values, then a run whose outputs are NaN in 50 of 256 places
     pytester.makepyfile(
         test_nan="""
@@ -260,7 +260,7 @@ def test_summary_names_nan_mismatches(pytester: pytest.Pytester) -> None:
     assert "50 NaN, 0 Inf mismatches" in out.stdout
 
 
-def test_expected_check_failures_do_not_fail_merge_strict(pytester: pytest.Pytester) -> None:
+def test_expected_check_failures_do_not_fail_merge_strict(pytester: pytest.Pytester, cli: Callable[..., Any]) -> None:
     """A check that fails inside an xfail test, or inside pytest.raises, failed as the test expected:
     its row says "xfailed", and a green pytest run stays green under `merge --strict`."""
     pytester.makepyfile(

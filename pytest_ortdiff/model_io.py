@@ -1,0 +1,338 @@
+"""Models and feeds in: load a model (ModelProto, path or bytes), check it with onnx.checker once per
+distinct model, and check feeds against its inputs (names, types, dtypes, shapes) — one message per problem."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .dtypes import DType, dtype_of
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = [
+    "CheckedModel",
+    "InputSpec",
+    "InvalidModelError",
+    "ModelLoadError",
+    "check_feed",
+    "check_feed_names",
+    "check_feeds",
+    "check_model",
+    "feed_dims",
+    "input_specs",
+    "load_model",
+    "session_input_specs",
+]
+
+
+class ModelLoadError(ValueError):
+    """The bytes or file given are not an ONNX model."""
+
+
+class InvalidModelError(ValueError):
+    """The model fails onnx.checker; the message names the problem (and the file, when there is one)."""
+
+    def __init__(self, subject: str, problem: str) -> None:
+        self.subject = subject
+        self.problem = problem
+        super().__init__(f"{subject} fails onnx.checker: {problem}; fix the graph")
+
+
+# ------------------------------------------------------------------------------------------------
+# models
+
+
+def load_model(model: Any) -> onnx.ModelProto:
+    """A ModelProto from a ModelProto (as is), a path, or serialized bytes.
+
+    FileNotFoundError for a path that does not exist, ModelLoadError for bytes that are not an ONNX model,
+    TypeError for anything else."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not ours
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, bytes | bytearray):
+        try:
+            return onnx.load_model_from_string(bytes(model))
+        except DecodeError as exc:
+            raise ModelLoadError(f"cannot load the model's bytes: not an ONNX model ({exc})") from None
+    if isinstance(model, str | Path):
+        path = Path(model)
+        if not path.exists():
+            raise FileNotFoundError(f"model file {str(path)!r} does not exist")
+        try:
+            return onnx.load(str(path))
+        except DecodeError as exc:
+            raise ModelLoadError(f"cannot load {str(model)!r}: not an ONNX model ({exc})") from None
+    raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+@dataclass(frozen=True)
+class CheckedModel:
+    """A model that passed onnx.checker: the proto, its serialized bytes (what onnxruntime takes) and
+    their digest (the key of every cache: sessions, evaluators)."""
+
+    proto: onnx.ModelProto
+    data: bytes
+    digest: str
+
+
+# digest -> the checker's problem (None: valid); a model is checked once however often it is run
+_CHECKED: OrderedDict[str, str | None] = OrderedDict()
+_CHECKED_MAX = 256
+
+
+def check_model(model: onnx.ModelProto, *, subject: str = "the model", path: str | Path | None = None) -> CheckedModel:
+    """Run onnx.checker on `model`, once per distinct model, before any runtime sees it (onnxruntime's
+    own error on an invalid graph is far less clear); InvalidModelError naming `subject` otherwise.
+    `path`: the file the model came from, which the checker needs for a model above 2 GB."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not ours
+    import onnx
+
+    try:
+        data = model.SerializeToString()
+    except ValueError:  # above protobuf's 2 GB: only the file (holding the model and its data) can be checked
+        if path is None:
+            raise ValueError(f"{subject} is larger than 2 GB: pass its path, so that onnx.checker can read it with its external data") from None
+        _check_path(Path(path), subject)
+        return CheckedModel(model, b"", "path:" + hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest())
+    digest = hashlib.sha1(data).hexdigest()
+    if digest in _CHECKED:
+        _CHECKED.move_to_end(digest)
+    else:
+        try:
+            onnx.checker.check_model(model)
+            problem = None
+        except onnx.checker.ValidationError as exc:
+            problem = checker_problem(exc)
+        _CHECKED[digest] = problem
+        while len(_CHECKED) > _CHECKED_MAX:
+            _CHECKED.popitem(last=False)
+    problem = _CHECKED[digest]
+    if problem is not None:
+        raise InvalidModelError(subject, problem)
+    return CheckedModel(model, data, digest)
+
+
+def _check_path(path: Path, subject: str) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        raise InvalidModelError(subject, checker_problem(exc)) from None
+
+
+def checker_problem(exc: BaseException) -> str:
+    """onnx.checker's message on one line: the problem, then its context in parentheses."""
+    head, _, context = str(exc).partition("==> Context:")
+    problem = " ".join(head.split()).rstrip(".")
+    if context.strip():
+        problem += f" ({' '.join(context.split())})"
+    return problem if len(problem) <= 500 else problem[:497] + "..."
+
+
+# ------------------------------------------------------------------------------------------------
+# feeds
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What a feed must be: the declared element type and dims (an int: fixed; a str: symbolic; None:
+    unnamed; `dims` None: any rank)."""
+
+    name: str
+    elem_type: int
+    dims: tuple[int | str | None, ...] | None
+
+    @functools.cached_property
+    def dtype(self) -> DType | None:
+        """The declared dtype, None for a type the checks cannot name (strings, ...)."""
+        try:
+            return DType(self.elem_type) if self.elem_type else None
+        except ValueError:
+            return None
+
+    @functools.cached_property
+    def torch_dtype(self) -> Any:
+        """The declared dtype as torch's (None when torch has none): the fast path of `check_feed`."""
+        dt = self.dtype
+        try:
+            return dt.torch if dt is not None else None
+        except (KeyError, ValueError, TypeError):
+            return None
+
+    def describe(self) -> str:
+        """"float16[a, b, c]"."""
+        dt = self.dtype
+        name = dt.short if dt is not None else f"type {self.elem_type}"
+        if self.dims is None:
+            return name
+        return f"{name}[{', '.join('?' if d is None else str(d) for d in self.dims)}]"
+
+
+def input_specs(model: onnx.ModelProto) -> dict[str, InputSpec]:
+    """The model's inputs that take feeds (initializers excluded), in order."""
+    init = {i.name for i in model.graph.initializer}
+    out: dict[str, InputSpec] = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        tt = vi.type.tensor_type
+        dims: tuple[int | str | None, ...] | None = None
+        if tt.HasField("shape"):
+            dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        out[vi.name] = InputSpec(vi.name, tt.elem_type, dims)
+    return out
+
+
+def session_input_specs(inputs: Sequence[Any]) -> dict[str, InputSpec]:
+    """InputSpecs from an onnxruntime session's `get_inputs()` (name, type "tensor(float16)", shape), for a
+    runner that holds the session rather than the ModelProto: the same checks, the same messages."""
+    from .dtypes import parse_dtype
+
+    out: dict[str, InputSpec] = {}
+    for i in inputs:
+        inner = i.type[len("tensor(") : -1] if i.type.startswith("tensor(") else i.type
+        try:
+            elem = parse_dtype(inner).value
+        except ValueError:
+            elem = 0  # a type the checks cannot name: any dtype passes here, onnxruntime judges
+        dims = None if i.shape is None else tuple(d if isinstance(d, int | str) else None for d in i.shape)
+        out[i.name] = InputSpec(i.name, elem, dims)
+    return out
+
+
+_TENSOR_TYPES: list[tuple[Any, ...]] = []  # (torch.Tensor, np.ndarray, np.generic, onnx.TensorProto), once imported
+
+
+def _tensor_types() -> tuple[Any, ...]:
+    if not _TENSOR_TYPES:
+        import numpy as np
+        import onnx
+        import torch
+
+        _TENSOR_TYPES.append((torch.Tensor, np.ndarray, np.generic, onnx.TensorProto))
+    return _TENSOR_TYPES[0]
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, _tensor_types())
+
+
+def _dtype_and_shape(value: Any) -> tuple[DType | None, tuple[int, ...]]:
+    import onnx
+
+    if isinstance(value, onnx.TensorProto):
+        try:
+            return DType(value.data_type), tuple(int(d) for d in value.dims)
+        except ValueError:
+            return None, tuple(int(d) for d in value.dims)
+    try:
+        dt: DType | None = dtype_of(value.dtype)
+    except (ValueError, KeyError, TypeError):
+        dt = None
+    return dt, tuple(int(d) for d in value.shape)
+
+
+def check_feed_names(specs: Mapping[str, InputSpec], feeds: Mapping[str, Any]) -> None:
+    """Every input fed, nothing else: ValueError listing what is missing, what is unknown, and the inputs."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not ours
+    if len(feeds) == len(specs) and all(n in specs for n in feeds):
+        return
+    missing = [n for n in specs if n not in feeds]
+    extra = [n for n in feeds if n not in specs]
+    raise ValueError(
+        f"feeds do not match the model's inputs: missing {missing}, unknown {extra}; inputs are "
+        + ", ".join(f"{n}: {s.describe()}" for n, s in specs.items())
+    )
+
+
+def check_feed(spec: InputSpec, value: Any) -> None:
+    """One feed against its input: a tensor or array (TypeError naming what it is), of the declared dtype
+    (TypeError suggesting the cast), of the declared rank and fixed dims (ValueError naming the axis)."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not ours
+    name = spec.name
+    types = _TENSOR_TYPES[0] if _TENSOR_TYPES else _tensor_types()
+    if isinstance(value, types[0]):  # a torch tensor, the common case: no DType lookup
+        want_torch = spec.torch_dtype
+        if want_torch is None or value.dtype is want_torch:
+            _check_shape(spec, tuple(value.shape))
+            return
+    if not isinstance(value, types):
+        if value is None:
+            raise TypeError(f"feed {name!r} is None; pass a torch tensor or numpy array")
+        kind = type(value).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        want = spec.dtype
+        example = ""
+        if want is not None:
+            try:
+                example = f" (e.g. torch.tensor(value, dtype={want.torch}))"
+            except (KeyError, ValueError, TypeError):  # a dtype torch has no name for
+                example = ""
+        raise TypeError(f"feed {name!r} is {article} {kind}; pass a torch tensor or numpy array{example}")
+    have, shape = _dtype_and_shape(value)
+    want = spec.dtype
+    if want is not None and have is not None and have != want:
+        import numpy as np
+
+        cast = f".astype(numpy.{want.short})" if isinstance(value, np.ndarray | np.generic) and want != DType.BFLOAT16 else f".to(torch.{want.short})"
+        raise TypeError(f"feed {name!r} has dtype {have.short}, the model declares {spec.describe()}; cast it (e.g. {cast})")
+    _check_shape(spec, shape)
+
+
+def _check_shape(spec: InputSpec, shape: tuple[int, ...]) -> None:
+    __tracebackhide__ = True  # pytest shows the caller's line, not ours
+    dims = spec.dims
+    if dims is None:
+        return
+    if len(dims) != len(shape):
+        raise ValueError(f"feed {spec.name!r} has shape {shape} (rank {len(shape)}), the model declares {spec.describe()}")
+    for axis, (d, s) in enumerate(zip(dims, shape, strict=True)):
+        if isinstance(d, int) and d != s:
+            raise ValueError(f"feed {spec.name!r} has shape {shape}, the model declares {spec.describe()} (axis {axis} must be {d})")
+
+
+def check_feeds(model: onnx.ModelProto | Mapping[str, InputSpec], feeds: Any) -> None:
+    """Feeds for `model` (or its `input_specs`): a dict {input name: tensor or array}, each a tensor or
+    array (checked first: a None or a list would otherwise become an obscure error inside a runtime), the
+    names exactly the inputs, each feed of the declared dtype, rank and fixed dims."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not ours
+    if not isinstance(feeds, Mapping):
+        raise TypeError(f"feeds must be a dict {{input name: tensor}}, got {type(feeds).__name__}")
+    specs = model if isinstance(model, Mapping) else input_specs(model)
+    for name, value in feeds.items():
+        if not _is_tensor(value):
+            check_feed(specs.get(name) or InputSpec(name, 0, None), value)
+    check_feed_names(specs, feeds)
+    for name, value in feeds.items():
+        check_feed(specs[name], value)
+
+
+def feed_dims(specs: Mapping[str, InputSpec], feeds: Mapping[str, Any]) -> dict[str, int]:
+    """The symbolic dims that `feeds` (some of the inputs) fix, by name; ValueError when two feeds give
+    one dim different sizes."""
+    sizes: dict[str, tuple[int, str, int]] = {}
+    for name, value in feeds.items():
+        spec = specs.get(name)
+        if spec is None or spec.dims is None:
+            continue
+        _, shape = _dtype_and_shape(value)
+        for axis, (d, s) in enumerate(zip(spec.dims, shape, strict=False)):
+            if not isinstance(d, str):
+                continue
+            if d in sizes and sizes[d][0] != s:
+                size, other, other_axis = sizes[d]
+                raise ValueError(f"feed {name!r} has {d}={s} (axis {axis}), but feed {other!r} has {d}={size} (axis {other_axis}); the model declares both {d}")
+            sizes.setdefault(d, (s, name, axis))
+    return {d: v[0] for d, v in sizes.items()}

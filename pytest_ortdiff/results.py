@@ -1,0 +1,329 @@
+"""Typed results of a run — check rows, skip rows, baseline rows, test outcomes — their JSON form with a
+schema version (the `--ortdiff-json` file `merge` reads back through the same classes), and atomic writes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Literal, Protocol
+
+__all__ = [
+    "OUTCOMES",
+    "SCHEMA_VERSION",
+    "BaselineRow",
+    "CheckRow",
+    "ResultsFile",
+    "ResultsFileError",
+    "SkipRow",
+    "TestOutcome",
+    "closer_to_oracle",
+    "write_atomically",
+]
+
+#: the version of the --ortdiff-json layout this code writes; files without a "schema" are version 1
+#: (results, skips and, later, tests; no ran_on_ort in rows)
+SCHEMA_VERSION = 2
+Outcome = Literal["passed", "xpassed", "skipped", "xfailed", "failed", "error"]
+#: a test's outcome, worst last: a later report of the same test never makes it better
+OUTCOMES: tuple[Outcome, ...] = ("passed", "xpassed", "skipped", "xfailed", "failed", "error")
+#: the order a malformed file's message lists them in (as users read them)
+_OUTCOMES_LISTED = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+Closer = Literal["onnxruntime", "torch", "tie"]
+
+
+class ResultsFileError(ValueError):
+    """An --ortdiff-json file that cannot be read: the message names the file and the problem."""
+
+
+# ------------------------------------------------------------------------------------------------
+# rows
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One check of one test: the summary table's row, and an entry of the JSON file's "results".
+
+    `suffix` (" [baseline out]", " [fuzz]", ...) travels from the fixture to the session, which makes it
+    part of `test`; `outcome` is set by the session ("passed", "failed", or "xfailed" for a broken check
+    the test expected). `ran_on_ort`: ops the torch evaluator ran on onnxruntime for lack of a kernel.
+    """
+
+    test: str
+    provider: str | None = None
+    dtype: str | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    max_ulp: float | None = None
+    worst: str = ""
+    passed: bool | None = None
+    tolerance: str | None = None
+    report: Mapping[str, Any] | None = None
+    outcome: str | None = None
+    suffix: str = ""
+    ran_on_ort: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Passed, or failed as its test expected: what `merge --strict` accepts."""
+        return self.outcome in ("passed", "xfailed")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "test": self.test,
+            "provider": self.provider,
+            "dtype": self.dtype,
+            "max_abs": self.max_abs,
+            "max_rel": self.max_rel,
+            "max_ulp": self.max_ulp,
+            "worst": self.worst,
+            "passed": self.passed,
+            "tolerance": self.tolerance,
+            "report": dict(self.report) if self.report is not None else None,
+            "outcome": self.outcome,
+            "ran_on_ort": list(self.ran_on_ort),
+        }
+        if self.suffix:
+            out["suffix"] = self.suffix
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "row") -> CheckRow:
+        """A row from its JSON form; ResultsFileError naming `where` when it is not one."""
+        if not isinstance(data, Mapping):
+            raise ResultsFileError(f"{where} is not an object")
+        if not isinstance(data.get("test"), str):
+            raise ResultsFileError(f"{where} has no 'test' (a string)")
+        report = data.get("report")
+        ran = data.get("ran_on_ort") or ()
+        return cls(
+            test=data["test"],
+            provider=_text(data.get("provider")),
+            dtype=_text(data.get("dtype")),
+            max_abs=_number(data.get("max_abs")),
+            max_rel=_number(data.get("max_rel")),
+            max_ulp=_number(data.get("max_ulp")),
+            worst=str(data.get("worst") or ""),
+            passed=data["passed"] if isinstance(data.get("passed"), bool) else None,
+            tolerance=_text(data.get("tolerance")),
+            report=report if isinstance(report, Mapping) else None,
+            outcome=_text(data.get("outcome")),
+            suffix=str(data.get("suffix") or ""),
+            ran_on_ort=tuple(str(op) for op in ran) if isinstance(ran, list | tuple) else (),
+        )
+
+
+@dataclass(frozen=True)
+class SkipRow:
+    """A test skipped for a hole in the provider × dtype matrix, with the reason naming it."""
+
+    provider: str | None
+    dtype: str | None
+    reason: str
+    test: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"provider": self.provider, "dtype": self.dtype, "reason": self.reason}
+        if self.test is not None:
+            out["test"] = self.test
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "skip") -> SkipRow:
+        if not isinstance(data, Mapping):
+            raise ResultsFileError(f"{where} is not an object")
+        return cls(_text(data.get("provider")), _text(data.get("dtype")), str(data.get("reason") or ""), _text(data.get("test")))
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+    """What one check_baseline did to its file: "unchanged", "created", "updated", "replaced corrupted",
+    "missing", "corrupted", "drift" or "within tolerance"."""
+
+    name: str
+    action: str
+    path: str
+    passed: bool
+    test: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "action": self.action, "path": self.path, "passed": self.passed}
+        if self.test is not None:
+            out["test"] = self.test
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "baseline") -> BaselineRow:
+        if not isinstance(data, Mapping) or not isinstance(data.get("path"), str):
+            raise ResultsFileError(f"{where} is not a baseline row (an object with a 'path')")
+        return cls(str(data.get("name") or ""), str(data.get("action") or ""), data["path"], bool(data.get("passed")), _text(data.get("test")))
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """How one test ended, with or without a check: the JSON file's "tests"."""
+
+    __test__ = False  # not a test class, whatever pytest's collector thinks of the name
+
+    test: str
+    outcome: Outcome
+    provider: str | None = None
+    dtype: str | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"test": self.test, "outcome": self.outcome}
+        for key in ("provider", "dtype", "message"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "test") -> TestOutcome:
+        if not isinstance(data, Mapping):
+            raise ResultsFileError(f"{where} is not an object")
+        if not isinstance(data.get("test"), str):
+            raise ResultsFileError(f"{where} has no 'test' (a string)")
+        outcome = data.get("outcome")
+        if outcome not in OUTCOMES:
+            raise ResultsFileError(f"{where} has outcome {outcome!r}; valid: {', '.join(_OUTCOMES_LISTED)}")
+        return cls(data["test"], outcome, _text(data.get("provider")), _text(data.get("dtype")), _text(data.get("message")))
+
+
+# ------------------------------------------------------------------------------------------------
+# the file
+
+
+@dataclass(frozen=True)
+class ResultsFile:
+    """One --ortdiff-json file: every check's row, every named skip, every test's outcome."""
+
+    results: tuple[CheckRow, ...] = ()
+    skips: tuple[SkipRow, ...] = ()
+    tests: tuple[TestOutcome, ...] = ()
+    schema: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "results": [r.to_dict() for r in self.results],
+            "skips": [s.to_dict() for s in self.skips],
+            "tests": [t.to_dict() for t in self.tests],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ResultsFile:
+        """The file's content; ResultsFileError saying what is wrong (the caller adds the path)."""
+        if not isinstance(data, Mapping) or "results" not in data:
+            raise ResultsFileError("has no 'results'")
+        version = _schema_version(data)
+        results = data["results"]
+        if not isinstance(results, list):
+            raise ResultsFileError("'results' is not a list")
+        rows = tuple(CheckRow.from_dict(row, f"results[{i}]") for i, row in enumerate(results))
+        parts: dict[str, list[Any]] = {}
+        for key in ("tests", "skips"):
+            items = data.get(key, [])  # files written before test outcomes were recorded have no 'tests'
+            if not isinstance(items, list):
+                raise ResultsFileError(f"{key!r} is not a list")
+            parts[key] = items
+        tests = tuple(TestOutcome.from_dict(t, f"tests[{i}]") for i, t in enumerate(parts["tests"]))
+        skips = tuple(SkipRow.from_dict(s, f"skips[{i}]") for i, s in enumerate(parts["skips"]))
+        return cls(rows, skips, tests, version)
+
+    @classmethod
+    def read(cls, path: str | Path) -> ResultsFile:
+        """Read and validate a file; ResultsFileError with one line naming the file and the problem."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ResultsFileError(f"{path} does not exist") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ResultsFileError(f"{path} is not a JSON report written by --ortdiff-json ({exc})") from None
+        except OSError as exc:
+            raise ResultsFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            return cls.from_dict(data)
+        except _SchemaError as exc:
+            raise ResultsFileError(f"{path}: {exc}") from None
+        except ResultsFileError as exc:
+            if str(exc) == "has no 'results'":
+                raise ResultsFileError(f"{path} has no 'results': is it a file written by --ortdiff-json?") from None
+            raise ResultsFileError(f"{path}: {exc}: is it a file written by --ortdiff-json?") from None
+
+    def write(self, path: str | Path) -> None:
+        write_atomically(Path(path), json.dumps(self.to_dict(), indent=1))
+
+
+class _SchemaError(ResultsFileError):
+    """A version this code does not read: no "is it a file written by --ortdiff-json?" question."""
+
+
+def _schema_version(data: Mapping[str, Any]) -> int:
+    if "schema" not in data:
+        return 1
+    version = data["schema"]
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _SchemaError(f"unknown schema version {version!r} (this pytest-ortdiff reads versions 1 to {SCHEMA_VERSION})")
+    if version > SCHEMA_VERSION:
+        raise _SchemaError(
+            f"schema version {version} is newer than this pytest-ortdiff reads (1 to {SCHEMA_VERSION}); upgrade pytest-ortdiff to merge it"
+        )
+    return version
+
+
+# ------------------------------------------------------------------------------------------------
+# shared rules
+
+
+class _AgainstOracle(Protocol):
+    @property
+    def max_ulp(self) -> float: ...
+
+    @property
+    def mismatches(self) -> int: ...
+
+
+def closer_to_oracle(ort: _AgainstOracle, torch: _AgainstOracle) -> Closer:
+    """Which runtime's outputs are closer to the float64 oracle: the smaller max ULP error, then the fewer
+    elements off; "tie" when both are equal."""
+    ko, kt = (ort.max_ulp, ort.mismatches), (torch.max_ulp, torch.mismatches)
+    return "tie" if ko == kt else ("onnxruntime" if ko < kt else "torch")
+
+
+def write_atomically(path: Path, data: str | bytes | Callable[[IO[bytes]], None]) -> None:
+    """Write `data` (text, bytes, or a function writing to a binary file) to `path` so that a reader —
+    another xdist worker, the next run after an interrupted one — sees the old file or the new one,
+    never half of one: a temporary file created exclusively in the same directory, flushed to disk,
+    then renamed over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a committed baseline from the rest of the team
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
