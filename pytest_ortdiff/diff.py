@@ -1,11 +1,10 @@
 """DiffReport: the histogram diff of two tensors (or nested structures of them).
 
-CUDA (any non-CPU) tensors are compared on their device, the whole tensor at once, with torch. CPU
-float16/bfloat16/float32 tensors go through the C extension `_fastdiff` (one fused sweep per
-cache-sized block, on worker threads; see "CPU: the fused pass") when it was built; the other CPU
-tensors, and every tensor when it was not, go through numpy in chunks that stay in cache (see "CPU:
-numpy over chunks"). All paths give the same numbers (mean_abs up to summation order): |e - g| in
-the work dtype, every comparison and ratio as if in float64.
+CPU tensors go through numpy in chunks that stay in cache, on worker threads (see "CPU: numpy over
+chunks"); tensors on any other device (CUDA) are compared where they are, with torch, chunk by chunk,
+every histogram threshold counted in one pass (see "Any device: torch over chunks"). Both paths give
+the same numbers (mean_abs up to summation order): |e - g| in the work dtype (float32 for 16-bit and
+float32 inputs, float64 for float64 ones), every comparison and ratio as if in float64.
 """
 
 from __future__ import annotations
@@ -13,10 +12,10 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,29 +31,14 @@ DEFAULT_THRESHOLDS: tuple[float, ...] = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1,
 # elements per CPU chunk: large enough that numpy's per-call overhead is noise, small enough that the
 # float32 scratch arrays stay in cache across the passes (measured: benchmarks/bench_diff.py)
 _CHUNK = 8 * 32000
-# tests only: take the whole-tensor torch path (the one CUDA tensors take) on CPU too
-_FORCE_TORCH = False
 
-# The fused C pass; None when the extension was not built (no C compiler at install time) or is
-# turned off with PYTEST_ORTDIFF_NO_EXTENSION=1: the numpy path then does the same work, slower.
-_fastdiff: Any
-try:
-    if os.environ.get("PYTEST_ORTDIFF_NO_EXTENSION", "") not in ("", "0"):
-        raise ImportError("turned off by PYTEST_ORTDIFF_NO_EXTENSION")
-    from . import _fastdiff
-except ImportError:
-    _fastdiff = None
-# tests only: elements per block of the fused pass (None: the extension's own, _fastdiff.BLOCK)
-_FUSED_BLOCK: int | None = None
-
-
-def fused_pass_available() -> bool:
-    """True when CPU float16/bfloat16/float32 comparisons use the compiled fused pass."""
-    return _fastdiff is not None
+#: the code paths of `_compare`: "numpy" (CPU tensors' own) and "torch" (any device's)
+DiffPath = Literal["numpy", "torch"]
 
 
 class ShapeMismatchError(ValueError):
     """expected and got cannot be compared element by element."""
+
 
 
 @dataclass(frozen=True)
@@ -146,7 +130,7 @@ class DiffReport:
             thresholds=tuple(sorted(counts)) or DEFAULT_THRESHOLDS,
             counts=counts,
             out_of_tolerance=data.get("out_of_tolerance"),
-            tolerance=tuple(data["tolerance"]) if data.get("tolerance") else None,  # type: ignore[arg-type]
+            tolerance=(float(data["tolerance"][0]), float(data["tolerance"][1])) if data.get("tolerance") else None,
             outputs=tuple(cls.from_dict(o) for o in data.get("outputs", ())),
             differ=int(data["differ"]) if data.get("differ") is not None else None,
         )
@@ -204,15 +188,43 @@ def compare(
     defaults when it states no rule) — the report `Tolerance.check` then needs.
     Shapes and dtypes must match: a mismatch raises `ShapeMismatchError` naming both.
     """
+    return _compare(expected, got, thresholds=thresholds, tolerance=tolerance, name=name)
+
+
+def _compare(
+    expected: Any,
+    got: Any,
+    *,
+    thresholds: Sequence[float] | None = None,
+    tolerance: tuple[float, float] | Tolerance | None = None,
+    name: str = "",
+    path: DiffPath | None = None,
+    chunk: int | None = None,
+) -> DiffReport:
+    """`compare` on a chosen code path, for the tests that hold every path to the same numbers.
+
+    `path`: None takes the tensors' own path (numpy on CPU, torch elsewhere); "torch" runs the torch
+    path on CPU tensors too; "numpy" copies non-CPU tensors to the host first. `chunk`: elements per
+    chunk (None: the path's own choice), tiny values put chunk boundaries everywhere.
+    """
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be a positive number of elements, got {chunk}")
     thr = _normalize_thresholds(thresholds)
     tol: tuple[float, float] | Tolerance | None = tolerance if isinstance(tolerance, Tolerance) else _normalize_tolerance(tolerance)
     leaves: list[DiffReport] = []
     # 0 is always counted: `differ` (how many elements differ at all) whatever the histogram shows
-    _walk(expected, got, name, thr if 0.0 in thr else (0.0, *thr), tol, leaves)
+    route = _Route(path, chunk)
+    _walk(expected, got, name, thr if 0.0 in thr else (0.0, *thr), tol, route, leaves)
     leaves = [_shown(leaf, thr) for leaf in leaves]
     if len(leaves) == 1 and not _is_nested(expected):
         return leaves[0]
     return _aggregate(leaves, thr, name, tol if isinstance(tol, tuple) else None)
+
+
+@dataclass(frozen=True)
+class _Route:
+    path: DiffPath | None
+    chunk: int | None
 
 
 def _shown(leaf: DiffReport, thr: tuple[float, ...]) -> DiffReport:
@@ -259,7 +271,7 @@ def _is_nested(x: Any) -> bool:
     return isinstance(x, Mapping | list | tuple)
 
 
-def _walk(expected: Any, got: Any, path: str, thr: tuple[float, ...], tol: Any, out: list[DiffReport]) -> None:
+def _walk(expected: Any, got: Any, path: str, thr: tuple[float, ...], tol: Any, route: _Route, out: list[DiffReport]) -> None:
     if isinstance(expected, Mapping):
         if not isinstance(got, Mapping):
             raise ShapeMismatchError(f"{path or 'value'}: expected a mapping, got {type(got).__name__}")
@@ -268,7 +280,7 @@ def _walk(expected: Any, got: Any, path: str, thr: tuple[float, ...], tol: Any, 
             extra = sorted(map(str, set(got) - set(expected)))
             raise ShapeMismatchError(f"{path or 'value'}: keys differ; missing in got: {missing}, unexpected in got: {extra}")
         for k in expected:
-            _walk(expected[k], got[k], f"{path}.{k}" if path else str(k), thr, tol, out)
+            _walk(expected[k], got[k], f"{path}.{k}" if path else str(k), thr, tol, route, out)
         return
     if isinstance(expected, list | tuple):
         if not isinstance(got, list | tuple):
@@ -276,10 +288,10 @@ def _walk(expected: Any, got: Any, path: str, thr: tuple[float, ...], tol: Any, 
         if len(expected) != len(got):
             raise ShapeMismatchError(f"{path or 'value'}: expected {len(expected)} values, got {len(got)}")
         for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-            _walk(e, g, f"{path}[{i}]" if path else f"[{i}]", thr, tol, out)
+            _walk(e, g, f"{path}[{i}]" if path else f"[{i}]", thr, tol, route, out)
         return
     e = _as_tensor(expected)
-    out.append(_compare_tensors(e, _as_tensor(got), path, thr, _leaf_tolerance(tol, e.dtype)))
+    out.append(_compare_tensors(e, _as_tensor(got), path, thr, _leaf_tolerance(tol, e.dtype), route))
 
 
 def _as_tensor(x: Any) -> torch.Tensor:
@@ -327,7 +339,8 @@ def _aggregate(leaves: list[DiffReport], thr: tuple[float, ...], name: str, pair
 # one pair of tensors
 
 
-def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[float, ...], tol: Any) -> DiffReport:
+
+def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[float, ...], tol: tuple[float, float] | None, route: _Route) -> DiffReport:
     if e.shape != g.shape:
         raise ShapeMismatchError(
             f"{name or 'output'}: shape mismatch: expected {tuple(e.shape)} ({e.dtype}), got {tuple(g.shape)} ({g.dtype})"
@@ -338,6 +351,9 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
             f"got {str(g.dtype).replace('torch.', '')} (shape {tuple(e.shape)}); cast one side first "
             "(e.g. the float64 oracle to the tested dtype)"
         )
+    path = route.path or ("numpy" if e.device.type == "cpu" else "torch")
+    if path == "numpy" and e.device.type != "cpu":
+        e = e.cpu()
     if e.device != g.device:
         g = g.to(e.device)
     dt = dtype_of(e.dtype)
@@ -345,12 +361,12 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
     ef = e.reshape(-1)
     gf = g.reshape(-1)
     if ef.numel():
-        if e.device.type == "cpu" and not _FORCE_TORCH:
+        if path == "numpy":
             # (reshape keeps a strided view where it can, e.g. of x[::2]: the passes need flat memory)
             ef, gf = ef.contiguous(), gf.contiguous()
-            _cpu_pass(ef, gf, stats)
+            _cpu_pass(ef, gf, stats, route.chunk or _CHUNK)
         else:
-            _torch_pass(ef, gf, stats)
+            _torch_pass(ef, gf, stats, route.chunk)
     return stats.report(name, tuple(e.shape), ef, gf)
 
 
@@ -381,9 +397,10 @@ def _block_len(k: int) -> int:
 
 def _round_down(t: float, work: Any) -> Any:
     """The largest value of the work dtype <= t: then `d > t` (exact, in float64) == `d > result` (in the
-    work dtype) for every d of the work dtype. Needed because float32(0.1) > 0.1."""
-    if work == np.float64:
-        return np.float64(t)
+    work dtype) for every d of the work dtype. Needed because float32(0.1) > 0.1. (inf stays inf:
+    nothing is above it, an overflowed difference included.)"""
+    if work == np.float64 or t == math.inf:
+        return work(t)
     if t >= _F32_MAX:
         return np.float32(_F32_MAX)
     x = np.float32(t)
@@ -454,7 +471,7 @@ class _Stats:
         self.oot += other.oot
 
     def see_max(self, m: float, index: int) -> None:
-        # ties go to the first index: blocks left to numpy by the fused pass arrive out of order
+        # ties go to the first index: the torch path sees a chunk's special values apart from the rest
         if m > self.max_abs or (m == self.max_abs and index < self.argmax):
             self.max_abs = m
             self.argmax = index
@@ -504,20 +521,20 @@ class _Stats:
 # where to look, never what is counted.
 
 
-def _cpu_pass(ef: torch.Tensor, gf: torch.Tensor, st: _Stats) -> None:
+def _cpu_pass(ef: torch.Tensor, gf: torch.Tensor, st: _Stats, chunk: int) -> None:
     n = ef.numel()
-    chunk = max(1, min(_CHUNK, n))
+    chunk = max(1, min(chunk, n))
     n_chunks = -(-n // chunk)
     workers = min(_MAX_WORKERS, torch.get_num_threads(), n_chunks)  # the user's thread limit holds
     if workers <= 1:
-        _cpu_range(ef, gf, 0, n, chunk, st)
+        _numpy_range(ef, gf, 0, n, chunk, st)
         return
     bounds = [min(n, (i * n_chunks // workers) * chunk) for i in range(workers + 1)]
     parts = [st.fresh() for _ in range(workers)]
     pool = _pool()
-    futures = [pool.submit(_cpu_range, ef, gf, bounds[i], bounds[i + 1], chunk, parts[i]) for i in range(1, workers)]
+    futures = [pool.submit(_numpy_range, ef, gf, bounds[i], bounds[i + 1], chunk, parts[i]) for i in range(1, workers)]
     try:
-        _cpu_range(ef, gf, bounds[0], bounds[1], chunk, parts[0])
+        _numpy_range(ef, gf, bounds[0], bounds[1], chunk, parts[0])
     finally:
         for f in futures:
             f.exception()  # wait for every worker before raising anything
@@ -551,43 +568,6 @@ def _forget_pool() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
-
-def _cpu_range(ef: torch.Tensor, gf: torch.Tensor, lo: int, hi: int, chunk: int, st: _Stats) -> None:
-    """Elements [lo, hi) of the flat tensors into `st` (indices stay global)."""
-    kind = _FUSED_KIND.get(st.dt)
-    if kind is None or _fastdiff is None:
-        _numpy_range(ef, gf, lo, hi, chunk, st)
-        return
-    # The fused pass, then numpy on the blocks it left (those holding a non-finite difference),
-    # coalesced into ranges.
-    block = _FUSED_BLOCK or _fastdiff.BLOCK
-    bits = _BITS[st.dt]
-    counts = np.zeros(len(st.thr), np.int64)
-    out = np.empty(6, np.float64)
-    starts = np.empty(-(-(hi - lo) // block), np.int64)
-    tol = None if st.tol is None else (st.tol[0], st.tol[1], float(st.atol_work))
-    e_bits, g_bits = ef.view(bits).numpy(), gf.view(bits).numpy()
-    thr = np.asarray(st.thr_work, np.float32)
-    n_left = _fastdiff.fused(kind, e_bits, g_bits, lo, hi, thr, counts, tol, st.tiny, out, starts, block)
-    st.counts = [a + int(b) for a, b in zip(st.counts, counts, strict=True)]
-    sum_abs, max_abs, argmax, max_rel, max_ulp, oot = out.tolist()
-    st.sum_abs += sum_abs
-    if max_abs >= 0:
-        st.see_max(max_abs, int(argmax))
-    st.max_rel = max(st.max_rel, max_rel)
-    st.max_ulp = max(st.max_ulp, max_ulp)
-    st.oot += int(oot)
-    i = 0
-    while i < n_left:
-        a = int(starts[i])
-        j = i + 1
-        while j < n_left and starts[j] == starts[j - 1] + block:
-            j += 1
-        _numpy_range(ef, gf, a, min(hi, int(starts[j - 1]) + block), chunk, st)
-        i = j
-
-
-_FUSED_KIND = {DType.FLOAT32: 0, DType.FLOAT16: 1, DType.BFLOAT16: 2}
 
 
 def _numpy_range(ef: torch.Tensor, gf: torch.Tensor, lo: int, hi: int, chunk: int, st: _Stats) -> None:
@@ -712,32 +692,54 @@ def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m
     big_u = int(ext.max())
     st.max_ulp = max(st.max_ulp, float(big_u))
 
-    # histogram: counts[t] += #(d > t) for the thresholds below the chunk max
+    # histogram: counts[t] += #(d > t) for the thresholds below the chunk max (every count above it
+    # is 0). Counts fall as t rises, so where two thresholds count the same so do all between them:
+    # the thresholds are visited by bisection (outputs that differ at all often differ by more than
+    # every small threshold: then one pass counts them all). Once few elements are above a threshold,
+    # the thresholds above it count on those few, and the allclose count takes its candidates
+    # (d > atol) from them (np.flatnonzero costs about 3 compare-and-count passes).
     thr = st.thr_work
     atol = st.atol_work
-    above: np.ndarray | None = None  # indices of every d > t_above, once they are few
-    t_above = 0.0
-    sub: np.ndarray | None = None  # d[above]
-    for i, t in enumerate(thr):
-        if t >= m:
-            break
-        if sub is not None:
-            c = int(np.count_nonzero(sub > t))
-        elif t == 0:  # same-sign pairs differ iff their bits do
-            c = int(np.count_nonzero(u)) + n_opposite_differ
-        else:
-            np.greater(d, t, out=mask)
-            c = int(np.count_nonzero(mask))
-            # Few above t: when 3+ more thresholds are below m they count on those few; the
-            # allclose count takes its candidates (d > atol) from them when t <= atol < next t.
-            # (np.flatnonzero costs about 3 compare-and-count passes.)
-            if c * 16 <= k:
-                later = sum(1 for x in thr[i + 1 :] if x < m)
-                for_tol = atol is not None and t <= atol and (i + 1 == len(thr) or thr[i + 1] > atol)
-                if later >= 3 or for_tol:
-                    above, t_above = np.flatnonzero(mask), t
-                    sub = d[above]
-        st.counts[i] += c
+    n_below = next((i for i, t in enumerate(thr) if t >= m), len(thr))
+    counts = [-1] * n_below
+    few: list[tuple[float, np.ndarray, np.ndarray]] = []  # (t, indices of every d > t, d there)
+
+    def count(i: int) -> int:
+        t = thr[i]
+        known = [f for f in few if f[0] <= t]
+        if known:
+            return int(np.count_nonzero(max(known, key=lambda f: f[0])[2] > t))
+        if t == 0:  # same-sign pairs differ iff their bits do
+            return int(np.count_nonzero(u)) + n_opposite_differ
+        np.greater(d, t, out=mask)
+        c = int(np.count_nonzero(mask))
+        if c * 16 <= k:
+            later = sum(1 for c_later in counts[i + 1 :] if c_later < 0)
+            if later >= 3 or (atol is not None and t <= atol):
+                idx = np.flatnonzero(mask)
+                few.append((t, idx, d[idx]))
+        return c
+
+    if n_below:
+        counts[0] = count(0)
+        spans = [(0, n_below - 1)]
+        if n_below > 1:
+            counts[-1] = count(n_below - 1)
+        while spans:
+            lo, hi = spans.pop()
+            if hi - lo < 2:
+                continue
+            if counts[lo] == counts[hi]:
+                counts[lo + 1 : hi] = [counts[lo]] * (hi - lo - 1)
+                continue
+            mid = (lo + hi) // 2
+            counts[mid] = count(mid)
+            spans += [(mid, hi), (lo, mid)]  # (the lower half first: it may leave few for the upper)
+        for i, c in enumerate(counts):
+            st.counts[i] += c
+    # the allclose candidates: from the fewest elements known to be above some t <= atol
+    for_tol = max((f for f in few if atol is not None and f[0] <= atol), key=lambda f: f[0], default=None)
+    above, t_above = (for_tol[1], float(for_tol[0])) if for_tol is not None else (None, 0.0)
 
     if big_u:
         _rel_same_sign(ew, d, u2, ext, big_u, st, bufs)
@@ -772,17 +774,19 @@ def _rel_same_sign(ew: np.ndarray, d: np.ndarray, u2: np.ndarray, ext: np.ndarra
         if idx.size * 16 <= k:
             st.max_rel = max(st.max_rel, _rel_exact(d[idx], ew[idx], st.tiny))
             return
-    # many candidates: all of them, in the work dtype; then in float64 those within rounding of the
-    # max (the float64 value is the reported one, as on the torch path; overflows are all kept)
+    # many candidates: all of them, in the work dtype (in float64 that is the reported value)
     a = bufs.tmp[:k]
     np.abs(ew, out=a)
-    np.less(a, st.tiny, out=mask)
-    if mask.any():
-        np.putmask(a, mask, st.tiny)
+    if a.min() < st.tiny:  # (a min pass and a rare putmask: np.maximum with a scalar is 5x slower)
+        np.putmask(a, a < st.tiny, st.tiny)
     np.divide(d, a, out=a)
-    r = a.max()
-    if r > 0:
-        np.greater_equal(a, r * (1 - 2.0**-18) if st.np_work == np.float32 else r, out=mask)
+    r = float(a.max())
+    if st.np_work == np.float64:
+        st.max_rel = max(st.max_rel, r)
+    elif r > 0 and r >= _round_down(st.max_rel, np.float32):
+        # float32 rounding is monotonic: the largest exact ratio is among those whose rounding is the
+        # largest, and none whose rounding is below the running maximum's can beat it
+        np.greater_equal(a, r, out=mask)
         idx = np.flatnonzero(mask)
         st.max_rel = max(st.max_rel, _rel_exact(d[idx], ew[idx], st.tiny))
 
@@ -804,7 +808,8 @@ def _tolerance_chunk(ew: np.ndarray, d: np.ndarray, st: _Stats, bufs: _Buffers, 
     """Count d > atol + rtol*|e| (evaluated in float64) for a chunk of finite values: a cheap lower
     bound of the right side in the work dtype picks the candidates, float64 decides. `above` (when
     not None) holds the indices of every d > t_above."""
-    atol, rtol = st.tol  # type: ignore[misc]
+    assert st.tol is not None and st.atol_work is not None  # (called only with a tolerance)
+    atol, rtol = st.tol
     atol_work = st.atol_work  # d > atol_work <=> d > atol, and atol + rtol*|e| >= atol in float64 too
     k = d.size
     mask = bufs.mask[:k]
@@ -875,7 +880,8 @@ def _exact_chunk(ew: np.ndarray, gw: np.ndarray, eb: np.ndarray | None, gb: np.n
             st.first_mismatch = start + int(np.flatnonzero(mis)[0])
     d64 = d.astype(np.float64)
     for i, t in enumerate(st.thr):
-        st.counts[i] += int(np.count_nonzero(d64 > t)) + n_mis
+        # a mismatch is an infinite difference: above every threshold but inf
+        st.counts[i] += int(np.count_nonzero(d64 > t)) + (n_mis if t < math.inf else 0)
     if n_mis < k:
         finite = d64 if mis is None else np.where(mis, -1.0, d64)
         i = int(finite.argmax())
@@ -916,56 +922,232 @@ def _ulp_exact(eb: np.ndarray, gb: np.ndarray) -> float:
 
 
 # ------------------------------------------------------------------------------------------------
-# any device: the whole tensor at once with torch (the CUDA path)
+# Any device: torch over chunks (the path of CUDA tensors)
+#
+# Per chunk: |e - g| in the work dtype (16-bit values cast to float32, float32 and float64 values
+# read as they are), then one bucketize of it against the thresholds and one bincount: every
+# histogram count at once (the count above threshold j is the sum of the bins after j). Pairs whose
+# difference is not finite (NaN/Inf on either side, or finite values whose difference overflows)
+# are usually few: their difference is set to 0 and they are judged apart, with explicit masks
+# (`_torch_special`). The relative error and the allclose count are found in the work dtype and
+# decided in float64 on the few candidates, as on the numpy path; the ULP distance comes from the
+# bit patterns in integers. Nothing is copied to float64 but candidates, and the chunk length keeps
+# the scratch within about twice the two inputs' size (`_torch_chunk_len`). Results stay on the
+# device until the chunk's scalars are read, a handful of synchronizations per chunk.
+
+# scratch bytes per element of a chunk at the torch path's peak, by work dtype (measured on CPU with
+# `python benchmarks/bench_diff.py --memory`: 11-12 for float16/bfloat16/float32, 20 for float64)
+_TORCH_SCRATCH = {torch.float32: 13, torch.float64: 22}
+# below this many elements a chunk's scratch is small whatever the ratio; above the maximum more
+# elements per chunk save no launches worth having
+_TORCH_CHUNK_MIN = 1 << 16
+_TORCH_CHUNK_MAX = 1 << 26
 
 
-def _torch_pass(ef: torch.Tensor, gf: torch.Tensor, st: _Stats) -> None:
-    ew, gw = ef.to(st.work), gf.to(st.work)
-    d = (ew - gw).abs_()
-    f64 = torch.float64
-    zero = torch.zeros((), dtype=f64, device=ef.device)
+def _torch_chunk_len(n: int, itemsize: int, work: torch.dtype) -> int:
+    """Elements per chunk: the chunk's scratch at most twice the two inputs (of n elements each)."""
+    fit = 2 * (2 * n * itemsize) // _TORCH_SCRATCH[work]
+    return max(1, min(n, max(_TORCH_CHUNK_MIN, min(fit, _TORCH_CHUNK_MAX))))
+
+
+def _torch_pass(ef: torch.Tensor, gf: torch.Tensor, st: _Stats, chunk: int | None) -> None:
+    n = ef.numel()
+    k = max(1, min(n, chunk or _torch_chunk_len(n, ef.element_size(), st.work)))
+    # the thresholds rounded down into the work dtype (sorted, as they were): d > bound <=> d > t
+    bounds = torch.tensor([float(t) for t in st.thr_work], dtype=st.work, device=ef.device)
+    bins = torch.zeros(len(st.thr) + 1, dtype=torch.int64, device=ef.device)
+    for start in range(0, n, k):
+        bins += _torch_chunk(ef[start : start + k], gf[start : start + k], start, st, bounds)
+    # bucketize gives each d the number of bounds below it: elements above bound j = bins j+1, j+2, ...
+    above = bins.flip(0).cumsum(0).flip(0)[1:].tolist()
+    st.counts = [c + int(a) for c, a in zip(st.counts, above, strict=True)]
+
+
+def _torch_chunk(ec: torch.Tensor, gc: torch.Tensor, start: int, st: _Stats, bounds: torch.Tensor) -> torch.Tensor:
+    """Elements [start, start + len(ec)) into `st`; returns their histogram bins.
+
+    What lives through the chunk is d (the work dtype) and, when there are special values, their mask;
+    every other temporary is made from the inputs when needed and freed after (|e| twice rather than a
+    kept cast of e: memory, not passes, is what this path is short of on a GPU)."""
+    d = gc.to(st.work, copy=True)
+    if ec.dtype == st.work:
+        d.sub_(ec)  # (g - e in the work dtype: exactly -(e - g))
+    else:
+        # a mixed-dtype op casts its operand into a temporary (on CPU): in pieces it stays small
+        piece = max(1, -(-d.numel() // 8))
+        for lo in range(0, d.numel(), piece):
+            d[lo : lo + piece].sub_(ec[lo : lo + piece].to(st.work))
+    d.abs_()
+    special: torch.Tensor | None = None
     if st.floating:
-        en, gn = ew.isnan(), gw.isnan()
-        ei, gi = ew.isinf(), gw.isinf()
-        same_inf = ei & gi & (ew == gw)
-        nan_mis = en ^ gn
-        inf_mis = (ei | gi) & ~same_inf & ~(en | gn)
-        mis = nan_mis | inf_mis
-        d.masked_fill_(mis | (en & gn) | same_inf, 0)
-        n_nan, n_inf = nan_mis.sum(), inf_mis.sum()
-        n_mis = n_nan + n_inf
-        first_mis = mis.to(torch.uint8).argmax()
-        finite = d.masked_fill(mis, -1)
-    else:
-        n_nan = n_inf = n_mis = first_mis = zero
-        mis = None
-        finite = d
-    scalars = [((d > float(t)).sum() + n_mis) for t in st.thr_work]
-    i = finite.argmax()  # the first occurrence of the max
-    pos = d > 0
-    d64 = d.to(f64)
-    e64 = ew.to(f64)
-    rel = torch.where(pos, d64 / e64.abs().clamp_min(st.tiny), zero).max()
-    ulp = torch.where(pos, _ulp_torch(ef, gf, _BITS[st.dt]), zero).max() if st.floating else zero
+        special = d.le(torch.finfo(st.work).max).logical_not_()  # NaN or inf (isfinite needs |d| again)
+        if bool(special.any()):
+            d.masked_fill_(special, 0.0)  # judged apart; here they count as equal pairs
+            for idx in _indices(special):
+                _torch_special(ec[idx], gc[idx], idx.add_(start), st)
+        else:
+            special = None
+    bins = torch.bincount(torch.bucketize(d, bounds, out_int32=True), minlength=bounds.numel() + 1)
+    total = d.sum()  # the work dtype's own accumulation; redone in float64 if it overflows
+
+    # relative error d / max(|e|, tiny)
+    r = _abs(ec, st.work)
+    if special is not None:
+        r.masked_fill_(special, 1.0)  # (a NaN e would make a NaN ratio of their d = 0)
+    r.clamp_min_(st.tiny)
+    torch.div(d, r, out=r)
+    r_max = float(r.max())
+    if st.work == torch.float64:
+        st.max_rel = max(st.max_rel, r_max)  # already the float64 ratio
+    elif r_max > 0 and r_max >= _round_down(st.max_rel, np.float32):
+        # float32 rounding is monotonic: the largest exact ratio is among those whose rounding is the
+        # largest (and none below the running maximum's rounding can beat it)
+        st.max_rel = max(st.max_rel, _torch_rel_exact(d, ec, r == r_max, st.tiny))
+    del r
     if st.tol is not None:
-        atol, rtol = st.tol
-        oot = (d64 > e64.abs() * rtol + atol).sum() + n_mis
-    else:
-        oot = zero
-    scalars += [finite[i], i, d64.sum(), rel, ulp, n_nan, n_inf, n_mis, first_mis, oot]
-    values = torch.stack([s.to(f64) for s in scalars]).tolist()
-    nt = len(st.thr)
-    st.counts = [int(c) for c in values[:nt]]
-    m, idx, s, rel_v, ulp_v, nn, ni, nm, fm, oot_v = values[nt:]
-    if nm < ef.numel():
-        st.see_max(m, int(idx))
-    st.sum_abs = s
-    st.max_rel = rel_v
-    st.max_ulp = ulp_v
-    st.nan_mismatch, st.inf_mismatch = int(nn), int(ni)
-    if nm:
-        st.first_mismatch = int(fm)
-    st.oot = int(oot_v)
+        st.oot += _torch_outside(d, ec, st)
+
+    ulp = torch.zeros((), dtype=torch.float64, device=d.device)
+    if st.floating:
+        ulp = _torch_max_ulp(ec, gc, d, _BITS[st.dt])
+    if special is not None:
+        d.masked_fill_(special, -1.0)  # no special pair holds the max here (the equal ones were seen apart)
+    m, i = d.max(0)  # the first occurrence of the max
+    s, m_v, i_v, u_v = torch.stack([total.to(torch.float64), m.to(torch.float64), i.to(torch.float64), ulp]).tolist()
+    if s == math.inf:
+        s = float(d.clamp_min(0).sum(dtype=torch.float64))
+    st.sum_abs += s
+    if m_v >= 0:
+        st.see_max(m_v, start + int(i_v))
+    st.max_ulp = max(st.max_ulp, u_v)
+    return bins
+
+
+def _abs(x: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+    """|x| in the work dtype, a new tensor (x itself may be in the work dtype already)."""
+    return x.to(work, copy=True).abs_()
+
+
+def _indices(mask: torch.Tensor, parts: int = 8) -> Iterator[torch.Tensor]:
+    """Positions of the True elements of a 1-D mask, in batches of at most 1/parts of it (so that what
+    is computed on them stays a fraction of the chunk's scratch)."""
+    k = mask.numel()
+    piece = max(1, -(-k // parts))
+    count = int(torch.count_nonzero(mask))  # (a bool sum would cast the mask to int64 first)
+    if count == 0:
+        return
+    if count <= piece:
+        yield mask.nonzero().squeeze(1)
+        return
+    for lo in range(0, k, piece):
+        idx = mask[lo : lo + piece].nonzero().squeeze(1)
+        if idx.numel():
+            yield idx.add_(lo)
+
+
+def _torch_rel_exact(d: torch.Tensor, ec: torch.Tensor, mask: torch.Tensor, tiny: float) -> float:
+    """Max of d / max(|e|, tiny) in float64 over the masked elements (all with d > 0)."""
+    best = 0.0
+    for idx in _indices(mask):
+        rel = d[idx].double() / ec[idx].double().abs_().clamp_min_(tiny)
+        best = max(best, float(rel.max()))
+    return best
+
+
+def _torch_outside(d: torch.Tensor, ec: torch.Tensor, st: _Stats) -> int:
+    """How many d > atol + rtol*|e| (evaluated in float64, as numpy's allclose) among the chunk's pairs
+    (the special ones have d = 0 here: they are counted apart)."""
+    assert st.tol is not None and st.atol_work is not None
+    atol, rtol = st.tol
+    b = _abs(ec, st.work)
+    if st.work == torch.float64:
+        b.mul_(rtol).add_(atol)
+        return int(torch.count_nonzero(d > b))
+    atol_work = float(st.atol_work)  # d > atol_work <=> d > atol
+    if rtol == 0:  # atol + 0*|e| == atol (a NaN/Inf e is a special pair, d = 0 here)
+        return int(torch.count_nonzero(d > atol_work))
+    if max(atol, rtol) >= 2.0**127:  # beyond float32 bounds: every d > atol is a candidate
+        return _torch_outside_exact(d, ec, d > atol_work, atol, rtol)
+    # bounds of atol + rtol*|e| in float32 with a 2**-16 relative margin (>> the float32 rounding of the
+    # two ops): d above the upper one is out, d between the two is decided in float64
+    if atol < 2.0**-100:
+        # rtol*|e| rounded to a subnormal can err by more than a relative margin: an absolute one
+        b.mul_(float(_round_down(rtol * (1 - 2.0**-16), np.float32))).sub_(2.0**-149)
+        candidates = d > b
+        candidates.logical_and_(d > 0)
+        return _torch_outside_exact(d, ec, candidates, atol, rtol)
+    b.mul_(float(_round_up(rtol * (1 + 2.0**-16)))).add_(float(_round_up(atol * (1 + 2.0**-16))))
+    out = d > b
+    n_out = int(torch.count_nonzero(out))
+    b.copy_(ec).abs_()
+    b.mul_(float(_round_down(rtol * (1 - 2.0**-16), np.float32))).add_(float(_round_down(atol * (1 - 2.0**-16), np.float32)))
+    candidates = d > b
+    del b
+    candidates.logical_and_(out.logical_not_())
+    return n_out + _torch_outside_exact(d, ec, candidates, atol, rtol)
+
+
+def _torch_outside_exact(d: torch.Tensor, ec: torch.Tensor, mask: torch.Tensor, atol: float, rtol: float) -> int:
+    n = 0
+    for idx in _indices(mask):
+        bound = ec[idx].double().abs_().mul_(rtol).add_(atol)
+        n += int(torch.count_nonzero(d[idx].double() > bound))
+    return n
+
+
+def _torch_special(es: torch.Tensor, gs: torch.Tensor, pos: torch.Tensor, st: _Stats) -> None:
+    """Pairs whose difference is not finite, at flat positions `pos`: NaN/Inf mismatches, equal NaN or
+    Inf pairs (difference 0), and finite values whose difference overflows the work dtype (inf)."""
+    ew, gw = es.to(st.work), gs.to(st.work)
+    en, gn = ew.isnan(), gw.isnan()
+    ei, gi = ew.isinf(), gw.isinf()
+    same_inf = ei & gi & (ew == gw)
+    nan_mis = en ^ gn
+    inf_mis = (ei | gi) & ~same_inf & ~(en | gn)
+    mis = nan_mis | inf_mis
+    over = ~(mis | (en & gn) | same_inf)
+    n_nan, n_inf, n_over = (int(torch.count_nonzero(x)) for x in (nan_mis, inf_mis, over))
+    n_mis = n_nan + n_inf
+    st.nan_mismatch += n_nan
+    st.inf_mismatch += n_inf
+    if n_mis:
+        first = int(pos[mis].min())
+        st.first_mismatch = first if st.first_mismatch is None else min(st.first_mismatch, first)
+    # a mismatch is an infinite difference, and so is an overflowed one: above every threshold but inf
+    st.counts = [c + (n_mis + n_over if t < math.inf else 0) for c, t in zip(st.counts, st.thr, strict=True)]
+    if n_over:
+        st.see_max(math.inf, int(pos[over].min()))
+        st.sum_abs = math.inf
+        st.max_rel = math.inf  # inf / max(|e|, tiny), e finite
+        st.max_ulp = max(st.max_ulp, float(_ulp_torch(es[over], gs[over], _BITS[st.dt]).max()))
+    elif n_mis < len(pos):
+        st.see_max(0.0, int(pos[~mis].min()))  # an equal pair may come before the chunk's max
+    if st.tol is not None:
+        st.oot += n_mis
+        if n_over:
+            atol, rtol = st.tol
+            bound = ew[over].double().abs_().mul_(rtol).add_(atol)
+            st.oot += int(torch.count_nonzero(bound < math.inf))  # inf > bound (a NaN bound, inf*0, is not)
+
+
+def _torch_max_ulp(ec: torch.Tensor, gc: torch.Tensor, d: torch.Tensor, bits: torch.dtype) -> torch.Tensor:
+    """Max ULP distance over the pairs that differ (d > 0), as a float64 0-d tensor.
+
+    For two values of the same sign it is the difference of their bit patterns, which fits their own
+    integer type: no widening. Pairs of opposite signs (usually few) are done apart, exactly."""
+    be, bg = ec.view(bits), gc.view(bits)
+    opposite = torch.bitwise_xor(be, bg) < 0
+    differ = d > 0
+    dist = be - bg  # (wraps for opposite signs: masked out)
+    dist.abs_()
+    dist.masked_fill_(differ.logical_not().logical_or_(opposite), 0)
+    best = dist.max().to(torch.float64)  # (64-bit distances rounded once)
+    del dist
+    opposite.logical_and_(differ)
+    del differ
+    for idx in _indices(opposite, parts=32):
+        best = torch.maximum(best, _ulp_torch(ec[idx], gc[idx], bits).max())
+    return best
 
 
 def _ulp_torch(ef: torch.Tensor, gf: torch.Tensor, bits: torch.dtype) -> torch.Tensor:

@@ -6,7 +6,11 @@ Importing this module does not import torch: the plugin validates `--ort-dtypes`
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 __all__ = ["DType", "dtype_of", "parse_dtype"]
 
@@ -39,13 +43,14 @@ class DType(enum.Enum):
         return self.value
 
     @property
-    def torch(self) -> Any:
+    def torch(self) -> torch.dtype:
         import torch
 
-        return getattr(torch, _TORCH_NAME[self])
+        dt: torch.dtype = getattr(torch, _TORCH_NAME[self])
+        return dt
 
     @property
-    def numpy(self) -> Any:
+    def numpy(self) -> np.dtype[Any]:
         """numpy dtype; bfloat16 has none in numpy and maps to uint16 (its bits)."""
         import numpy as np
 

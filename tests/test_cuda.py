@@ -4,13 +4,16 @@ Every test skips, with the reason, where torch has no CUDA device or onnxruntime
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnx.helper as oh
 import pytest
 import torch
 
-from pytest_ortdiff import OrtRunner, Tolerance, TorchEvaluator, compare, models
+from pytest_ortdiff import OrtRunner, Tolerance, TorchEvaluator, compare, diff, models
+from pytest_ortdiff.diff import DiffReport
 from pytest_ortdiff.providers import unavailable_reason
 
 DIMS = {"a": 2, "b": 8, "c": 16}
@@ -95,26 +98,47 @@ def _pair(dtype: torch.dtype, n: int = 100_003) -> tuple[torch.Tensor, torch.Ten
     e[6] = float("nan")  # mismatch
     e[7], g[7] = float("inf"), float("-inf")  # mismatch
     e[8], g[8] = float("inf"), float("inf")  # equal
+    e[9], g[9] = 0.0, -0.0  # equal
+    e[10], g[10] = 1e-40 if dtype != torch.float16 else 1e-7, 0.0  # a subnormal
+    if dtype in (torch.float32, torch.bfloat16):
+        e[11], g[11] = 3e38, -3e38  # finite, but the difference overflows float32
     return e, g
+
+
+def _fields(r: DiffReport) -> dict:
+    out = r.to_dict()
+    out.pop("mean_abs")  # (summation order)
+    return out
 
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_compare_on_cuda_gives_the_cpu_numbers(dtype: torch.dtype) -> None:
     e, g = _pair(dtype)
-    thresholds = [0.0, 1e-3, 1e-2, 0.1, 1.0]
-    on_gpu = compare(e.cuda(), g.cuda(), thresholds=thresholds, tolerance=(1e-2, 1e-2))
+    thresholds = [0.0, 1e-3, 1e-2, 0.1, 1.0, math.inf]
     on_cpu = compare(e, g, thresholds=thresholds, tolerance=(1e-2, 1e-2))
-    assert on_gpu.counts == on_cpu.counts
-    assert on_gpu.out_of_tolerance == on_cpu.out_of_tolerance
-    assert (on_gpu.nan_mismatch, on_gpu.inf_mismatch) == (on_cpu.nan_mismatch, on_cpu.inf_mismatch) == (1, 1)
-    assert on_gpu.max_abs == on_cpu.max_abs
-    assert on_gpu.max_ulp == on_cpu.max_ulp
-    assert on_gpu.argmax == on_cpu.argmax
-    assert (on_gpu.expected_at_max, on_gpu.got_at_max) == (on_cpu.expected_at_max, on_cpu.got_at_max)
-    assert on_gpu.max_rel == pytest.approx(on_cpu.max_rel, rel=1e-12)
-    assert on_gpu.mean_abs == pytest.approx(on_cpu.mean_abs, rel=1e-6)
-    assert on_gpu.n == on_cpu.n == e.numel()
+    for chunk in (None, 4099):  # whole, and in chunks
+        on_gpu = diff._compare(e.cuda(), g.cuda(), thresholds=thresholds, tolerance=(1e-2, 1e-2), chunk=chunk)
+        assert _fields(on_gpu) == _fields(on_cpu)
+        assert on_gpu.mean_abs == pytest.approx(on_cpu.mean_abs, rel=1e-6)
+    assert (on_cpu.nan_mismatch, on_cpu.inf_mismatch) == (1, 1)
+    assert on_cpu.counts[math.inf] == 0
+    assert on_cpu.n == e.numel()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_compare_on_cuda_needs_at_most_twice_the_inputs(dtype: torch.dtype) -> None:
+    """Issue 12 item 17: the extra GPU memory of one compare stays within ~2x the two inputs."""
+    e, g = (t.cuda() for t in _pair(dtype, n=1 << 22))
+    compare(e[:1000], g[:1000], tolerance=(1e-2, 1e-2))  # CUDA context, kernels
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    compare(e, g, tolerance=(1e-2, 1e-2))
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra <= 2.2 * (2 * e.numel() * e.element_size()), f"{extra / 2**20:.1f} MiB extra"
 
 
 @needs_cuda

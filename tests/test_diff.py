@@ -3,21 +3,19 @@
 The reference (`reference()` below) shares no code with pytest_ortdiff.diff: it computes |e - g| in the
 work dtype (float32 for float16/bfloat16/float32, float64 for float64 and 32/64-bit ints), then every
 comparison in float64, NaN/Inf rules with explicit masks and ULP distances with Python integers.
-The implementation is run four ways against it: its CPU path as shipped (the fused C pass when it was
-built), the same with tiny worker ranges and fused blocks (so that every block boundary, the fast path
-and the special-value path meet in one tensor), the numpy path in tiny chunks, and the
-device-agnostic torch path that CUDA tensors take. Everything but
-mean_abs (summation order) must agree exactly, max_rel included: both sides divide the same float64
-numbers.
+The implementation is run four ways against it (`PATHS`): the numpy path CPU tensors take, the same
+in five chunks (chunk and worker-range boundaries, the fast path and the special-value path meet in
+one tensor), and the torch path CUDA tensors take, run here on CPU tensors, whole and in four chunks.
+Everything but mean_abs (summation order) must agree exactly, max_rel included: both sides divide
+the same float64 numbers.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -227,77 +225,89 @@ tolerances = st.none() | st.tuples(
     st.sampled_from([0.0, 1e-6, 1e-3, 1e-2, 0.5]) | st.floats(0, 2),
 )
 threshold_sets = st.just(DEFAULT_THRESHOLDS) | st.lists(
-    st.sampled_from([0.0, 1e-45, 1e-30, 1e-7, 0.1, 0.3, 1.0, 1e10, 3.5e38, 1e300]) | st.floats(0, 100), min_size=1, max_size=6
+    st.sampled_from([0.0, 1e-45, 1e-30, 1e-7, 0.1, 0.3, 1.0, 1e10, 3.5e38, 1e300, math.inf]) | st.floats(0, 100), min_size=1, max_size=6
 )
 
 
-@contextlib.contextmanager
-def path(name: str) -> Iterator[None]:
-    """Run compare() on one code path: "chunked" (the CPU path as shipped: the fused C pass when
-    built), "tiny-chunks" (the same with 4-element worker ranges and 5-element fused blocks: block
-    tails, several blocks, numpy on the blocks left to it), "numpy" (the numpy path, 4-element
-    chunks) or "torch" (the whole-tensor path that CUDA tensors take)."""
-    old = diff._CHUNK, diff._FORCE_TORCH, diff._fastdiff, diff._FUSED_BLOCK
-    try:
-        if name == "tiny-chunks":
-            diff._CHUNK, diff._FUSED_BLOCK = 4, 5
-        elif name == "numpy":
-            diff._CHUNK, diff._fastdiff = 4, None
-        elif name == "torch":
-            diff._FORCE_TORCH = True
-        yield
-    finally:
-        diff._CHUNK, diff._FORCE_TORCH, diff._fastdiff, diff._FUSED_BLOCK = old
+#: code path -> the internal arguments of `diff._compare` that select it ("chunks": into that many)
+PATH_ARGS: dict[str, dict[str, Any]] = {
+    "numpy": {},  # what compare() does with CPU tensors
+    "numpy-chunks": {"path": "numpy", "chunks": 5},
+    "torch": {"path": "torch"},  # what compare() does with CUDA tensors
+    "torch-chunks": {"path": "torch", "chunks": 4},
+}
+PATHS = tuple(PATH_ARGS)
 
 
-PATHS = ("chunked", "tiny-chunks", "numpy", "torch")
+def run(code_path: str, expected: Any, got: Any, **kwargs: Any) -> DiffReport:
+    """compare(expected, got, **kwargs) on one code path of PATHS (a `chunk` in kwargs wins)."""
+    args = {**PATH_ARGS[code_path], **kwargs}
+    chunks = args.pop("chunks", None)
+    if chunks and "chunk" not in args:
+        n = expected.numel() if isinstance(expected, torch.Tensor) else np.size(expected)
+        args["chunk"] = max(1, -(-n // chunks))  # chunk boundaries in any tensor
+    return diff._compare(expected, got, **args)
+
+
+def without_mean(r: DiffReport) -> dict[str, Any]:
+    out = r.to_dict()
+    out.pop("mean_abs")
+    for o in out.get("outputs", ()):
+        o.pop("mean_abs")
+    return out
+
+
+def assert_same_numbers(a: DiffReport, b: DiffReport) -> None:
+    """Every field equal; mean_abs up to summation order."""
+    assert without_mean(a) == without_mean(b)
+    assert math.isclose(a.mean_abs, b.mean_abs, rel_tol=1e-6, abs_tol=1e-30) or (math.isinf(a.mean_abs) and a.mean_abs == b.mean_abs)
 
 
 # ------------------------------------------------------------------------------------------------
 # property tests against the reference
 
 
-@pytest.mark.parametrize("code_path", PATHS)
 @pytest.mark.parametrize("kind", KINDS)
 @SETTINGS
 @given(data=st.data())
-def test_matches_reference(kind: str, code_path: str, data: st.DataObject) -> None:
+def test_matches_reference(kind: str, data: st.DataObject) -> None:
     e, g = data.draw(pairs(kind))
     tol = data.draw(tolerances)
     thr = data.draw(threshold_sets)
-    with path(code_path):
-        report = compare(to_tensor(e, kind), to_tensor(g, kind), thresholds=thr, tolerance=tol)
-    assert report.dtype == kind
-    assert report.thresholds == tuple(sorted(set(map(float, thr))))
-    assert_matches(report, reference(e, g, kind, thr, tol), e.shape)
+    ref = reference(e, g, kind, thr, tol)
+    reports = {p: run(p, to_tensor(e, kind), to_tensor(g, kind), thresholds=thr, tolerance=tol) for p in PATHS}
+    for code_path, report in reports.items():
+        assert report.dtype == kind, code_path
+        assert report.thresholds == tuple(sorted(set(map(float, thr)))), code_path
+        assert_matches(report, ref, e.shape)
+    # the torch path (CUDA's) and the numpy path (CPU's) agree on every field
+    assert_same_numbers(reports["torch-chunks"], reports["numpy"])
 
 
-@pytest.mark.parametrize("code_path", PATHS)
 @pytest.mark.parametrize("kind", FLOAT_KINDS)
 @SETTINGS
 @given(data=st.data())
-def test_finite_values_match_reference(kind: str, code_path: str, data: st.DataObject) -> None:
+def test_finite_values_match_reference(kind: str, data: st.DataObject) -> None:
     """Without NaN/Inf every chunk takes the fast path (the one real outputs take)."""
     e, g = data.draw(pairs(kind, special=False, max_side=12))
     tol = data.draw(tolerances)
-    with path(code_path):
-        report = compare(to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
-    assert_matches(report, reference(e, g, kind, DEFAULT_THRESHOLDS, tol), e.shape)
+    ref = reference(e, g, kind, DEFAULT_THRESHOLDS, tol)
+    for code_path in PATHS:
+        assert_matches(run(code_path, to_tensor(e, kind), to_tensor(g, kind), tolerance=tol), ref, e.shape)
 
 
-@pytest.mark.parametrize("code_path", PATHS)
 @pytest.mark.parametrize("kind", KINDS)
 @SETTINGS
 @given(data=st.data())
-def test_self_compare_is_exact(kind: str, code_path: str, data: st.DataObject) -> None:
+def test_self_compare_is_exact(kind: str, data: st.DataObject) -> None:
     e, _ = data.draw(pairs(kind))
-    with path(code_path):
-        r = compare(to_tensor(e, kind), to_tensor(e.copy(), kind), tolerance=(0.0, 0.0))
-    assert r.is_exact
-    assert r.max_abs == r.max_rel == r.max_ulp == r.mean_abs == 0
-    assert r.nan_mismatch == r.inf_mismatch == r.out_of_tolerance == 0
-    assert set(r.counts.values()) <= {0}
-    assert r.n == e.size
+    for code_path in PATHS:
+        r = run(code_path, to_tensor(e, kind), to_tensor(e.copy(), kind), tolerance=(0.0, 0.0))
+        assert r.is_exact, code_path
+        assert r.max_abs == r.max_rel == r.max_ulp == r.mean_abs == 0, code_path
+        assert r.nan_mismatch == r.inf_mismatch == r.out_of_tolerance == 0, code_path
+        assert set(r.counts.values()) <= {0}, code_path
+        assert r.n == e.size
 
 
 @pytest.mark.parametrize("kind", FLOAT_KINDS)
@@ -344,9 +354,8 @@ def test_chunked_path_matches_reference_across_chunks(kind: str) -> None:
         g = bf16_round(g)
     tol = (1e-2, 1e-2)
     ref = reference(e, g, kind, DEFAULT_THRESHOLDS, tol)
-    for code_path in ("chunked", "torch"):
-        with path(code_path):
-            r = compare(to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
+    for code_path in ("numpy", "torch"):
+        r = run(code_path, to_tensor(e, kind), to_tensor(g, kind), tolerance=tol, chunk=diff._CHUNK)
         assert_matches(r, ref, e.shape)
         assert r.argmax == (last,)
         assert r.nan_mismatch == 1
@@ -367,9 +376,10 @@ def test_first_occurrence_of_the_max_wins_across_chunks() -> None:
     e = np.zeros(n, np.float32)
     g = np.zeros(n, np.float32)
     g[[5, diff._CHUNK + 1, 2 * diff._CHUNK + 3]] = 2.0
-    r = compare(torch.from_numpy(e), torch.from_numpy(g))
-    assert r.argmax == (5,)
-    assert r.counts[1.0] == 3
+    for code_path in ("numpy", "torch"):
+        r = run(code_path, torch.from_numpy(e), torch.from_numpy(g), chunk=diff._CHUNK)
+        assert r.argmax == (5,), code_path
+        assert r.counts[1.0] == 3, code_path
 
 
 def test_concurrent_compares_share_the_worker_pool() -> None:
@@ -382,34 +392,16 @@ def test_concurrent_compares_share_the_worker_pool() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# the fused C pass (pytest_ortdiff/_fastdiff.c)
-
-needs_fused = pytest.mark.skipif(not diff.fused_pass_available(), reason="the _fastdiff extension was not built (no C compiler at install time)")
-
-
-def test_fused_pass_is_built_where_ci_runs() -> None:
-    """CI installs with a C compiler at hand: there the fused pass must be what users get."""
-    if not os.environ.get("CI"):
-        pytest.skip("checked in CI only: a machine without a C compiler takes the numpy path")
-    assert diff.fused_pass_available()
-
-
-def test_fused_pass_can_be_turned_off() -> None:
-    import subprocess
-    import sys
-
-    code = "from pytest_ortdiff import diff; print(diff.fused_pass_available())"
-    env = {**os.environ, "PYTEST_ORTDIFF_NO_EXTENSION": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+# the torch path (CUDA's) gives the numpy path's numbers
 
 
 def _with_specials(kind: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """_perturbed plus what the fused pass hands back to numpy or must get exactly right: NaN/Inf in
-    a few blocks, -0 vs +0, opposite signs, subnormals, and (float32) a difference that overflows."""
+    """_perturbed plus what either path must get exactly right: NaN/Inf in a few chunks, equal NaN
+    and Inf pairs, -0 vs +0, opposite signs, subnormals, a tie for the max abs error (the first
+    wins), and (float32, bfloat16) a difference of finite values that overflows float32."""
     e, g = _perturbed(kind, n, seed)
     rng = np.random.default_rng(seed + 100)
-    idx = rng.choice(n, 12, replace=False)
+    idx = np.sort(rng.choice(n, 14, replace=False))
     g[idx[0]] = np.nan
     e[idx[1]] = np.inf
     e[idx[2]] = g[idx[2]] = -np.inf
@@ -418,88 +410,80 @@ def _with_specials(kind: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray
     tiny = float(np.finfo(np.float16).smallest_subnormal) if kind == "float16" else 2.0**-140
     e[idx[5]], g[idx[5]] = tiny, 3 * tiny
     e[idx[6]], g[idx[6]] = -tiny, tiny
-    if kind == "float32":
-        e[idx[7]], g[idx[7]] = 3e38, -3e38
+    e[idx[7]] = g[idx[7]] = np.nan
+    e[idx[8]], g[idx[8]] = 1.0, 41.0  # the max, twice
+    e[idx[9]], g[idx[9]] = -3.0, 37.0
+    if kind in ("float32", "bfloat16"):
+        e[idx[10]], g[idx[10]] = 3e38, -3e38
     if kind == "bfloat16":
         e, g = bf16_round(e), bf16_round(g)
     return e, g
 
 
-@needs_fused
-@pytest.mark.parametrize("kind", ["float16", "bfloat16", "float32"])
-@pytest.mark.parametrize("block", [None, 4096, 1000, 17])
-def test_fused_pass_matches_reference_with_special_values(kind: str, block: int | None) -> None:
-    n = 5 * 4096 + 77  # several blocks and a short last one
+@pytest.mark.parametrize("kind", FLOAT_KINDS)
+def test_torch_path_gives_the_numpy_numbers_with_special_values(kind: str) -> None:
+    """Every field of the report, on both paths in several chunkings, equal (and equal to the reference)."""
+    n = 5 * 4096 + 77  # several chunks and a short last one
     e, g = _with_specials(kind, n, seed=3)
     tol = (1e-3, 1e-2)
-    ref = reference(e, g, kind, DEFAULT_THRESHOLDS, tol)
-    old = diff._FUSED_BLOCK
-    try:
-        diff._FUSED_BLOCK = block
-        r = compare(to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
-    finally:
-        diff._FUSED_BLOCK = old
-    assert_matches(r, ref, e.shape)
-    with path("numpy"):
-        r_numpy = compare(to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
-    assert r.mean_abs == pytest.approx(r_numpy.mean_abs, rel=1e-6)
-    a, b = r.to_dict(), r_numpy.to_dict()
-    a.pop("mean_abs")
-    b.pop("mean_abs")
-    assert a == b
+    thr = (*DEFAULT_THRESHOLDS, 3.5e38, math.inf)
+    ref = reference(e, g, kind, thr, tol)
+    numpy_report = run("numpy", to_tensor(e, kind), to_tensor(g, kind), tolerance=tol, thresholds=thr)
+    assert_matches(numpy_report, ref, e.shape)
+    assert numpy_report.nan_mismatch == 1 and numpy_report.inf_mismatch == 1
+    for code_path, chunk in [("torch", None), ("torch", 4096), ("torch", 999), ("numpy", 1000)]:
+        r = run(code_path, to_tensor(e, kind), to_tensor(g, kind), tolerance=tol, thresholds=thr, chunk=chunk)
+        assert_same_numbers(r, numpy_report)
 
 
-@needs_fused
-def test_fused_argmax_tie_with_an_earlier_block_left_to_numpy() -> None:
-    """The block holding a NaN is done by numpy after the fused blocks: an equal max before the
-    fused pass's argmax must still win (the first occurrence is reported)."""
+@pytest.mark.parametrize("code_path", PATHS)
+def test_infinite_threshold_counts_nothing_above_it(code_path: str) -> None:
+    """Nothing is above inf: neither a difference that overflowed float32 nor a NaN/Inf mismatch."""
+    e = torch.tensor([3e38, 1.0, math.inf, 0.0, 2.0])
+    g = torch.tensor([-3e38, math.nan, 1.0, 0.0, 2.5])
+    r = run(code_path, e, g, thresholds=[0.0, 1.0, 3.4e38, math.inf])
+    assert r.counts == {0.0: 4, 1.0: 3, 3.4e38: 3, math.inf: 0}
+    assert r.max_abs == math.inf and r.argmax == (0,)
+
+
+@pytest.mark.parametrize("code_path", ["numpy", "torch"])
+def test_argmax_tie_with_an_earlier_chunk_holding_special_values(code_path: str) -> None:
+    """A chunk holding a NaN has its special values judged apart: an equal max before the next
+    chunk's must still win (the first occurrence is reported)."""
     n = 3 * 4096
     e = np.zeros(n, np.float32)
     g = np.zeros(n, np.float32)
-    g[5000] = np.nan  # block 1 -> numpy
-    g[4100] = 2.0  # block 1, the first occurrence of the max
-    g[9000] = 2.0  # block 2, fused
-    r = compare(torch.from_numpy(e), torch.from_numpy(g))
+    g[5000] = np.nan  # chunk 1
+    g[4100] = 2.0  # chunk 1, the first occurrence of the max
+    g[9000] = 2.0  # chunk 2
+    r = run(code_path, torch.from_numpy(e), torch.from_numpy(g), chunk=4096)
     assert r.argmax == (4100,)
     assert r.nan_mismatch == 1
     assert r.counts[1.0] == 3
 
 
-@needs_fused
-def test_fused_float16_subnormals_and_large_values_are_exact() -> None:
-    """Every float16 bit pattern against its neighbour: the C cast of subnormals, the largest
-    finite values and the ULP distances across zero."""
+def test_float16_subnormals_and_large_values_are_exact() -> None:
+    """Every float16 bit pattern against its neighbour: the casts of subnormals, the largest finite
+    values and the ULP distances across zero."""
     bits = np.arange(0, 0x10000, dtype=np.uint16)
     e = bits.view(np.float16)
     finite = np.isfinite(e)
     e = e[finite]
     g = np.roll(e, 1)
     ref = reference(e, g, "float16", DEFAULT_THRESHOLDS, (1e-5, 1e-3))
-    r = compare(torch.from_numpy(e), torch.from_numpy(g), tolerance=(1e-5, 1e-3))
-    assert_matches(r, ref, e.shape)
+    for code_path in ("numpy", "torch"):
+        r = run(code_path, torch.from_numpy(e), torch.from_numpy(g), tolerance=(1e-5, 1e-3))
+        assert_matches(r, ref, e.shape)
 
 
-@needs_fused
-def test_fused_rejects_bad_arguments() -> None:
-    fd = diff._fastdiff
-    e = np.zeros(8, np.uint16)
-    thr = np.zeros(1, np.float32)
-    counts = np.zeros(1, np.int64)
-    out = np.zeros(6)
-    starts = np.zeros(8, np.int64)
-    with pytest.raises(ValueError, match="block must be in"):
-        fd.fused(1, e, e, 0, 8, thr, counts, None, 1.0, out, starts, 0)
-    with pytest.raises(ValueError, match="too small"):
-        fd.fused(1, e, e, 0, 9, thr, counts, None, 1.0, out, starts)
-    with pytest.raises(ValueError, match="kind"):
-        fd.fused(3, e, e, 0, 8, thr, counts, None, 1.0, out, starts)
-    with pytest.raises(ValueError, match="too small"):  # hi * 2 would wrap around
-        fd.fused(1, e, e, 0, 2**63 - 1, thr, counts, None, 1.0, out, starts)
-    with pytest.raises(ValueError, match="too small"):
-        fd.fused(0, e, e, 2**62, 2**62 + 1, thr, counts, None, 1.0, out, starts)
-    with pytest.raises(TypeError, match="tol must be"):
-        fd.fused(1, e, e, 0, 8, thr, counts, [0.0, 0.0, 0.0], 1.0, out, starts)
-    assert fd.fused(1, e, e, 0, 8, thr, counts, None, 1.0, out, starts) == 0
+def test_torch_chunks_keep_scratch_within_twice_the_inputs() -> None:
+    """The chunk length bounds the torch path's scratch (peak bytes per element: _TORCH_SCRATCH,
+    measured by benchmarks/bench_diff.py --memory) to twice the two inputs, or to a small chunk."""
+    for itemsize, work in [(1, torch.float32), (2, torch.float32), (4, torch.float32), (4, torch.float64), (8, torch.float64)]:
+        for n in (1, 1000, 1 << 20, 37_748_736, 1 << 31):
+            k = diff._torch_chunk_len(n, itemsize, work)
+            assert 1 <= k <= n
+            assert k * diff._TORCH_SCRATCH[work] <= 2 * (2 * n * itemsize) or k == min(n, diff._TORCH_CHUNK_MIN)
 
 
 @pytest.mark.parametrize("code_path", PATHS)
@@ -510,17 +494,16 @@ def test_strided_views_that_reshape_does_not_copy(kind: str, code_path: str) -> 
     e = torch.arange(40, dtype=dt).reshape(20, 2)
     g = e.clone()
     g[4, 0] += 1
-    with path(code_path):
-        assert compare(e[::2], g[::2]).argmax == (2, 0)
-        r = compare(e[:, 0], g[:, 0])
-        assert (r.argmax, r.counts[0.0], r.n) == ((4,), 1, 20)
-        ones = torch.ones(1, dtype=dt)
-        r = compare(ones.expand(10), (ones * 2).expand(10))
-        assert (r.max_abs, r.counts[0.0]) == (1.0, 10)
+    assert run(code_path, e[::2], g[::2]).argmax == (2, 0)
+    r = run(code_path, e[:, 0], g[:, 0])
+    assert (r.argmax, r.counts[0.0], r.n) == ((4,), 1, 20)
+    ones = torch.ones(1, dtype=dt)
+    r = run(code_path, ones.expand(10), (ones * 2).expand(10))
+    assert (r.max_abs, r.counts[0.0]) == (1.0, 10)
 
 
-@needs_fused
-def test_fused_ulp_counts_only_pairs_that_differ_under_flush_denormal() -> None:
+@pytest.mark.parametrize("code_path", PATHS)
+def test_ulp_counts_only_pairs_that_differ_under_flush_denormal(code_path: str) -> None:
     """With denormals flushed, a float32 subnormal pair has d == 0: its ULP distance is not counted."""
     e = np.zeros(64, np.float32)
     g = np.zeros(64, np.float32)
@@ -528,7 +511,7 @@ def test_fused_ulp_counts_only_pairs_that_differ_under_flush_denormal() -> None:
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot flush denormals")
     try:
-        r = compare(torch.from_numpy(e), torch.from_numpy(g))
+        r = run(code_path, torch.from_numpy(e), torch.from_numpy(g))
     finally:
         torch.set_flush_denormal(False)
     assert (r.max_abs, r.max_ulp, r.counts[0.0]) == (0.0, 0.0, 0)
@@ -597,8 +580,7 @@ def test_thresholds_are_exact_not_rounded_to_the_work_dtype() -> None:
     e = torch.tensor([0.1, 0.0, 0.3], dtype=torch.float32)
     g = torch.zeros(3)
     for code_path in PATHS:
-        with path(code_path):
-            r = compare(e, g, thresholds=[0.1, 0.3, float(np.float32(0.3))])
+        r = run(code_path, e, g, thresholds=[0.1, 0.3, float(np.float32(0.3))])
         assert r.counts == {0.1: 2, 0.3: 1, float(np.float32(0.3)): 0}, code_path
 
 
@@ -606,11 +588,10 @@ def test_tolerance_boundary_is_inclusive() -> None:
     e = torch.tensor([1.0, 1.0, 4.0])
     g = torch.tensor([1.5, 1.5000001, 4.5])
     for code_path in PATHS:
-        with path(code_path):
-            # numpy's allclose: |d| <= atol + rtol*|e| passes
-            assert compare(e, g, tolerance=(0.5, 0.0)).out_of_tolerance == 1
-            assert compare(e, g, tolerance=(0.0, 0.125)).out_of_tolerance == 2  # 0.5 <= 0.125*4
-            assert compare(e, g, tolerance=(0.0, 0.5)).out_of_tolerance == 1
+        # numpy's allclose: |d| <= atol + rtol*|e| passes
+        assert run(code_path, e, g, tolerance=(0.5, 0.0)).out_of_tolerance == 1
+        assert run(code_path, e, g, tolerance=(0.0, 0.125)).out_of_tolerance == 2  # 0.5 <= 0.125*4
+        assert run(code_path, e, g, tolerance=(0.0, 0.5)).out_of_tolerance == 1
 
 
 @pytest.mark.parametrize("atol", [0.0, 1e-30])
@@ -621,8 +602,7 @@ def test_tolerance_is_exact_where_float32_rounding_would_decide(atol: float) -> 
     assert float(d) > 0.75 * float(e)
     g = e - d  # exact: |e - g| == d
     for code_path in PATHS:
-        with path(code_path):
-            r = compare(torch.tensor([e]), torch.tensor([g]), tolerance=(atol, 0.75))
+        r = run(code_path, torch.tensor([e]), torch.tensor([g]), tolerance=(atol, 0.75))
         assert r.max_abs == float(d) and r.out_of_tolerance == 1, code_path
 
 
@@ -631,11 +611,9 @@ def test_tolerance_is_exact_for_subnormal_bounds() -> None:
     e = np.float32(2.0**-140)
     g = np.float32(2.0**-140 + 2.0**-149)
     for code_path in PATHS:
-        with path(code_path):
-            r = compare(torch.tensor([e]), torch.tensor([g]), tolerance=(0.0, 0.75 * 2.0**-9))
+        r = run(code_path, torch.tensor([e]), torch.tensor([g]), tolerance=(0.0, 0.75 * 2.0**-9))
         assert r.out_of_tolerance == 1, code_path
-        with path(code_path):
-            r = compare(torch.tensor([e]), torch.tensor([g]), tolerance=(0.0, 2.0**-9))
+        r = run(code_path, torch.tensor([e]), torch.tensor([g]), tolerance=(0.0, 2.0**-9))
         assert r.out_of_tolerance == 0, code_path  # d == rtol*|e| exactly: inside
 
 
@@ -648,8 +626,7 @@ def test_tolerance_is_exact_where_float32_rounding_would_count_an_element_out() 
     assert float(d) <= tol[0] + tol[1] * float(e)
     assert d > np.float32(np.float32(e * np.float32(tol[1])) + np.float32(tol[0]))
     for code_path in PATHS:
-        with path(code_path):
-            assert compare(torch.tensor([e]), torch.tensor([g]), tolerance=tol).out_of_tolerance == 0, code_path
+        assert run(code_path, torch.tensor([e]), torch.tensor([g]), tolerance=tol).out_of_tolerance == 0, code_path
 
 
 def test_tolerance_is_exact_where_float32_rounding_of_rtol_would_decide() -> None:
@@ -658,8 +635,7 @@ def test_tolerance_is_exact_where_float32_rounding_of_rtol_would_decide() -> Non
     tol = (8.077935669463161e-28, 0.5595731983063726)
     assert float(e - g) <= tol[0] + tol[1] * float(e)
     for code_path in PATHS:
-        with path(code_path):
-            assert compare(torch.tensor([e]), torch.tensor([g]), tolerance=tol).out_of_tolerance == 0, code_path
+        assert run(code_path, torch.tensor([e]), torch.tensor([g]), tolerance=tol).out_of_tolerance == 0, code_path
 
 
 def test_tolerance_candidates_taken_from_the_histogram() -> None:
@@ -670,8 +646,7 @@ def test_tolerance_candidates_taken_from_the_histogram() -> None:
     g[5] = 0.01  # exactly atol: inside
     for tol in [(0.01, 0.0), (0.01, 1e-3)]:
         for code_path in PATHS:
-            with path(code_path):
-                r = compare(e, g, tolerance=tol)
+            r = run(code_path, e, g, tolerance=tol)
             assert r.out_of_tolerance == 10 and r.counts[0.01] == 10, (tol, code_path)
 
 
@@ -682,8 +657,7 @@ def test_relative_error_max_found_in_a_later_chunk() -> None:
     g[0] = 1 + 10 * 2**-10  # rel 0.0098, 10 ULP
     g[4] = 1 + 14 * 2**-10  # rel 0.0137, 14 ULP, in the second chunk
     for code_path in PATHS:
-        with path(code_path):
-            r = compare(e, g)
+        r = run(code_path, e, g)
         assert r.max_rel == 14 * 2**-10 and r.max_ulp == 14 and r.argmax == (4,), code_path
 
 

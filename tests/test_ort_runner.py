@@ -13,7 +13,7 @@ import onnxruntime
 import pytest
 import torch
 
-from pytest_ortdiff import OrtRunner, models
+from pytest_ortdiff import OrtRunner, TorchEvaluator, models
 from pytest_ortdiff.providers import unavailable_reason
 from pytest_ortdiff.runtimes.ort import (
     ProviderUnavailableError,
@@ -21,6 +21,7 @@ from pytest_ortdiff.runtimes.ort import (
     load_model,
     model_bytes,
 )
+from pytest_ortdiff.runtimes.protocol import Runtime
 from pytest_ortdiff.runtimes.tensors import to_numpy
 
 TP = onnx.TensorProto
@@ -303,3 +304,95 @@ def test_runner_on_missing_path_has_the_same_message(tmp_path: Path) -> None:
 def test_load_model_wrong_type() -> None:
     with pytest.raises(TypeError, match=re.escape("expected an onnx.ModelProto, a path or bytes, got int")):
         load_model(42)
+
+
+def test_arguments_after_the_model_are_keyword_only(m32: onnx.ModelProto) -> None:
+    with pytest.raises(TypeError, match="positional"):
+        OrtRunner(m32, "CPU")  # type: ignore[misc]
+
+
+def test_runners_are_runtimes(m32: onnx.ModelProto) -> None:
+    class Doubler:
+        def run(self, output_names: object, feeds: dict) -> list[torch.Tensor]:
+            return [v * 2 for v in feeds.values()]
+
+    for runtime in (OrtRunner(m32), TorchEvaluator(m32), Doubler()):
+        assert isinstance(runtime, Runtime)
+    assert not isinstance(object(), Runtime)
+
+
+def test_feeds_that_require_grad_are_detached(m32: onnx.ModelProto, f32: dict) -> None:
+    """Issue 12 item 11: DLPack refuses a tensor that requires grad (BufferError before the fix)."""
+    (ref,) = OrtRunner(m32).run(None, f32)
+    grad_feeds = {k: v.clone().requires_grad_() for k, v in f32.items()}
+    (got,) = OrtRunner(m32).run(None, grad_feeds)
+    assert torch.equal(got, ref)
+    assert not got.requires_grad
+
+
+# -- external data ---------------------------------------------------------------------------------
+
+
+def _weights_model() -> tuple[onnx.ModelProto, np.ndarray]:
+    w = np.arange(64, dtype=np.float32).reshape(8, 8) / 64
+    model = oh.make_model(
+        oh.make_graph(
+            [oh.make_node("MatMul", ["x", "W"], ["y"])],
+            "g",
+            [oh.make_tensor_value_info("x", TP.FLOAT, [2, 8])],
+            [oh.make_tensor_value_info("y", TP.FLOAT, [2, 8])],
+            [onnx.numpy_helper.from_array(w, "W")],
+        ),
+        opset_imports=[oh.make_opsetid("", 18)],
+        ir_version=9,
+    )
+    return model, w
+
+
+def _save_external(model: onnx.ModelProto, path: Path, location: str = "weights.data") -> None:
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=0)
+
+
+def test_model_with_external_data_runs_from_its_path(tmp_path: Path) -> None:
+    """Issue 12 item 10: from the file's bytes alone onnxruntime cannot find the data ("model_path must
+    not be empty" before the fix): the runner opens the file itself."""
+    model, w = _weights_model()
+    path = tmp_path / "m.onnx"
+    _save_external(model, path)
+    x = torch.linspace(-1, 1, 16).reshape(2, 8)
+    (y,) = OrtRunner(path).run(None, {"x": x})
+    np.testing.assert_allclose(y.numpy(), x.numpy() @ w, rtol=1e-6)
+    (y2,) = OrtRunner(str(path)).run(None, {"x": x})
+    assert torch.equal(y, y2)
+    # the same graph with other weights in another folder: another session
+    other = tmp_path / "other"
+    other.mkdir()
+    model2, _ = _weights_model()
+    model2.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(w * 2, "W"))
+    _save_external(model2, other / "m.onnx")
+    (y3,) = OrtRunner(other / "m.onnx").run(None, {"x": x})
+    assert torch.allclose(y3, 2 * y)
+
+
+def test_external_data_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
+    model, _ = _weights_model()
+    path = tmp_path / "m.onnx"
+    _save_external(model, path)
+    with pytest.raises(ValueError, match=r"keeps the data of 1 tensor\(s\) in other files \('weights.data'\): pass the model's path"):
+        OrtRunner(path.read_bytes())
+    (tmp_path / "weights.data").rename(tmp_path / "elsewhere.data")
+    with pytest.raises(FileNotFoundError, match=r"tensor 'W' is in 'weights.data', which does not exist; copy it next to the model"):
+        OrtRunner(path)
+    # data outside the model's folder, directly or through a symlink, is refused
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    proto = onnx.load(str(path), load_external_data=False)
+    for location in ("../elsewhere.data", "link.data"):
+        for entry in proto.graph.initializer[0].external_data:
+            if entry.key == "location":
+                entry.value = location
+        onnx.save(proto, str(inner / "m.onnx"))
+        if location == "link.data":
+            (inner / "link.data").symlink_to(tmp_path / "elsewhere.data")
+        with pytest.raises(ValueError, match=rf"'{re.escape(location)}', outside the model's directory"):
+            OrtRunner(inner / "m.onnx")

@@ -9,18 +9,35 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import onnx
 import torch
 
 from ..dtypes import dtype_of, parse_dtype
+from ..model_io import load_model
 from ..providers import KNOWN, parse_provider, unavailable_reason
 from .tensors import to_numpy, to_torch
 
-__all__ = ["OrtRunner", "ProviderUnavailableError", "UnsupportedByProviderError", "load_model", "model_bytes"]
+if TYPE_CHECKING:
+    import onnxruntime
+
+__all__ = [
+    "ModelSource",
+    "OrtRunner",
+    "ProviderUnavailableError",
+    "SessionOptionsLike",
+    "UnsupportedByProviderError",
+    "load_model",
+    "model_bytes",
+]
+
+#: what a runner (and every entry point) takes as a model: a proto, a file, or its serialized bytes
+ModelSource: TypeAlias = "onnx.ModelProto | str | Path | bytes | bytearray"
+#: session options: a dict of SessionOptions attributes and config entries, or onnxruntime's own object
+SessionOptionsLike: TypeAlias = "Mapping[str, Any] | onnxruntime.SessionOptions"
 
 
 class UnsupportedByProviderError(RuntimeError):
@@ -36,21 +53,8 @@ class ProviderUnavailableError(RuntimeError):
     """The provider cannot run here (not built in, no device, or fell back to another one)."""
 
 
-def load_model(model: Any) -> onnx.ModelProto:
-    """A ModelProto from a ModelProto, a path, or serialized bytes."""
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, bytes | bytearray):
-        return onnx.load_model_from_string(bytes(model))
-    if isinstance(model, str | Path):
-        path = Path(model)
-        if not path.exists():
-            raise FileNotFoundError(f"model file {str(path)!r} does not exist")
-        return onnx.load(str(path))
-    raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
-
-
-def model_bytes(model: Any) -> bytes:
+def model_bytes(model: ModelSource) -> bytes:
+    """The serialized model (for a file: its own bytes, without any external data)."""
     if isinstance(model, bytes | bytearray):
         return bytes(model)
     if isinstance(model, str | Path):
@@ -58,6 +62,55 @@ def model_bytes(model: Any) -> bytes:
             raise FileNotFoundError(f"model file {str(model)!r} does not exist")
         return Path(model).read_bytes()
     return load_model(model).SerializeToString()
+
+
+def _external_data(data: bytes) -> list[tuple[str, str]]:
+    """(tensor name, file) of every tensor whose data the serialized model keeps in another file."""
+    if b"location" not in data:  # every external-data entry is keyed "location": most models skip the parse
+        return []
+    from onnx.external_data_helper import uses_external_data
+
+    proto = onnx.load_model_from_string(data)
+    out = []
+    for tensor in _tensors(proto.graph):
+        if uses_external_data(tensor):
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            out.append((tensor.name, location))
+    return out
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of a graph: initializers (sparse ones too) and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for g in attr.graphs:
+                yield from _tensors(g)
+
+
+def _check_external_data(path: Path, external: list[tuple[str, str]]) -> None:
+    """The files a model's external data lives in exist, inside the model's directory."""
+    folder = path.resolve().parent
+    for name, location in external:
+        target = (folder / location).resolve()  # (symlinks followed: a link out of the folder is refused)
+        if not target.is_relative_to(folder):
+            raise ValueError(
+                f"model file {str(path)!r}: the data of tensor {name!r} is in {location!r}, outside the model's "
+                "directory; external data must sit next to the model (onnx.save(..., location='name.data'))"
+            )
+        if not target.is_file():
+            raise FileNotFoundError(
+                f"model file {str(path)!r}: the data of tensor {name!r} is in {location!r}, which does not exist; "
+                f"copy it next to the model (into {str(folder)!r})"
+            )
 
 
 _NOT_IMPL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
@@ -124,14 +177,36 @@ class OrtRunner:
     """Runs a model with onnxruntime on one provider.
 
     `run(output_names, feeds)`: feeds are torch tensors or numpy arrays (dict name -> value); outputs come
-    back as torch tensors, on the GPU for CUDA-like providers.
+    back as torch tensors, on the GPU for CUDA-like providers. Every argument after the model is
+    keyword-only. A model file with external data is opened from its path, so that onnxruntime finds
+    the data next to it.
     """
 
-    def __init__(self, model: Any, provider: str = "CPU", session_options: Any = None, provider_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelSource,
+        *,
+        provider: str = "CPU",
+        session_options: SessionOptionsLike | None = None,
+        provider_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.provider = parse_provider(provider)
         self.model_bytes = model_bytes(model)
         self.session_options = session_options
         self.provider_options = dict(provider_options or {})
+        #: the file onnxruntime opens (a model with external data), else None: it takes the bytes
+        self.model_path: str | None = None
+        external = _external_data(self.model_bytes)
+        if external:
+            if not isinstance(model, str | Path):
+                files = sorted({location for _, location in external})
+                raise ValueError(
+                    f"the model keeps the data of {len(external)} tensor(s) in other files ({', '.join(map(repr, files))}): "
+                    "pass the model's path, OrtRunner(path), so that onnxruntime finds them, or load them "
+                    "into the model first (onnx.load(path) does)"
+                )
+            _check_external_data(Path(model), external)
+            self.model_path = str(Path(model).resolve())
         self._session: Any = None
         self._input_dtypes: dict[str, torch.dtype | None] | None = None
         self.device = torch.device("cuda", int(self.provider_options.get("device_id", 0))) if self.provider in ("CUDA", "TensorRT") else torch.device("cpu")
@@ -144,7 +219,8 @@ class OrtRunner:
 
     def _get_session(self) -> Any:
         digest = hashlib.sha1(self.model_bytes).hexdigest()
-        key = (digest, self.provider, _options_key(self.session_options), tuple(sorted(self.provider_options.items())))
+        # (the path too where the data is outside the bytes: two folders may hold different weights)
+        key = (digest, self.model_path, self.provider, _options_key(self.session_options), tuple(sorted(self.provider_options.items())))
         with _LOCK:
             sess = _SESSIONS.get(key)
             if sess is not None:
@@ -168,7 +244,9 @@ class OrtRunner:
         if ep != "CPUExecutionProvider":
             providers.append("CPUExecutionProvider")  # nodes the EP lacks fall back, as in production
         try:
-            sess = onnxruntime.InferenceSession(self.model_bytes, sess_options=_make_options(self.session_options), providers=providers)
+            sess = onnxruntime.InferenceSession(
+                self.model_path or self.model_bytes, sess_options=_make_options(self.session_options), providers=providers
+            )
         except Exception as exc:  # onnxruntime raises its own exception classes per status code
             m = _NOT_IMPL.search(str(exc))
             if m:
@@ -225,7 +303,7 @@ class OrtRunner:
         binding = sess.io_binding()
         keep = []
         for name, value in feeds.items():
-            t = to_torch(value)
+            t = to_torch(value).detach()  # (DLPack refuses a tensor that requires grad)
             if self.device.type == "cuda" and t.device.type != "cuda":
                 t = t.to(self.device)
             t = t.contiguous()
