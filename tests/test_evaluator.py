@@ -520,3 +520,132 @@ def test_ort_override_in_the_float64_oracle_falls_back_to_float32_where_onnxrunt
     (y,) = ev.run(None, {"x": x})
     assert y.dtype == torch.float64
     assert torch.equal(y, torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64))
+
+
+# -- shape-specialised plans -----------------------------------------------------------------------
+
+
+class _TinyAttention(torch.nn.Module):
+    """Dynamo's shape arithmetic in a few nodes: sizes read from the input (Shape, Gather), positions from
+    Range, a causal mask from Trilu of a full tensor, view/reshape targets built by Concat."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 8)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape
+        h = self.emb(ids) + torch.arange(s, dtype=torch.float32)[None, :, None]
+        mask = torch.full((s, s), -1e9).triu(1)[None, None]
+        q = self.proj(h).view(b, s, 2, 4).transpose(1, 2)
+        w = (q @ q.transpose(-1, -2) + mask).softmax(-1)
+        return (w @ q).transpose(1, 2).reshape(b, s, -1)
+
+
+@pytest.fixture(scope="module")
+def dynamo_dynamic() -> onnx.ModelProto:
+    """_TinyAttention exported by the dynamo exporter with batch and sequence dynamic (seconds: once)."""
+    import contextlib
+    import io
+    import warnings
+
+    from real_models import _torchlib_registry_built_once
+
+    torch.manual_seed(0)
+    dims = {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("seq", min=2, max=64)}
+    with warnings.catch_warnings(), _torchlib_registry_built_once(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # the exporter's own deprecations
+        program = torch.onnx.export(_TinyAttention().eval(), (torch.randint(0, 50, (2, 5)),), dynamo=True, dynamic_shapes={"ids": dims}, verbose=False)
+    assert program is not None
+    return program.model_proto
+
+
+def _plain(model: onnx.ModelProto) -> TorchEvaluator:
+    """An evaluator that folds nothing: every node has an override (the registry's own kernel)."""
+    return TorchEvaluator(model, kernels={lambda node: True: "torch"})
+
+
+def test_shape_specialised_plan_is_bit_identical_at_every_shape_signature(dynamo_dynamic: onnx.ModelProto) -> None:
+    ev, plain = TorchEvaluator(dynamo_dynamic), _plain(dynamo_dynamic)
+    name = dynamo_dynamic.graph.input[0].name
+    for shape in [(2, 5), (3, 9), (2, 5), (3, 9)]:  # each signature recorded, then reused
+        feeds = {name: torch.randint(0, 50, shape, generator=torch.Generator().manual_seed(shape[1]))}
+        for _ in range(2):
+            (y,) = ev.run(None, feeds)
+            assert y.shape == (*shape, 8) and torch.equal(y, plain.run(None, feeds)[0])
+            got, want = ev.run(None, feeds, intermediates=True), plain.run(None, feeds, intermediates=True)
+            assert got.keys() == want.keys()
+            assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+    shaped = ev._shaped[(tuple(ev.output_names), False)]
+    assert shaped is not None and len(shaped.by_signature) == 2
+    folded = {ev.nodes[i].op_type for i in shaped.folded}
+    assert {"Shape", "Range", "Trilu", "Concat"} <= folded  # the shape arithmetic and the mask did fold
+
+
+def _view_model() -> onnx.ModelProto:
+    """Y = Reshape(X, Concat(Unsqueeze(Gather(Shape(X), 0)), [-1])): X flattened to [rows, -1]."""
+    i64 = oh.make_tensor("zero", TP.INT64, [], [0])
+    axes = oh.make_tensor("axes", TP.INT64, [1], [0])
+    rest = oh.make_tensor("rest", TP.INT64, [1], [-1])
+    graph = oh.make_graph(
+        [
+            oh.make_node("Shape", ["X"], ["shape"], name="shape"),
+            oh.make_node("Gather", ["shape", "zero"], ["rows"], name="rows"),
+            oh.make_node("Unsqueeze", ["rows", "axes"], ["rows1"], name="unsqueeze"),
+            oh.make_node("Concat", ["rows1", "rest"], ["target"], name="concat", axis=0),
+            oh.make_node("Reshape", ["X", "target"], ["Y"], name="reshape"),
+        ],
+        "g",
+        [vi("X", TP.FLOAT, ["n", "m", 3])],
+        [vi("Y", TP.FLOAT, ["n", None])],
+        [i64, axes, rest],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+
+
+def test_an_override_on_a_foldable_node_runs_every_time() -> None:
+    calls = []
+
+    def rows_times_two(shape: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return shape[index] * 2
+
+    ev = TorchEvaluator(_view_model(), kernels={"rows": rows_times_two})
+    x = torch.zeros(3, 4, 3)
+    for _ in range(3):
+        (y,) = ev.run(None, {"X": x})
+        assert y.shape == (6, 6)
+    assert len(calls) == 3
+    assert all(ev.nodes[i].name != "rows" for s in ev._shaped.values() if s for i in s.folded)
+
+
+def test_a_feed_shape_change_replans() -> None:
+    ev = TorchEvaluator(_view_model())
+    for shape in [(2, 4, 3), (5, 1, 3), (2, 4, 3), (1, 2, 3)]:
+        x = torch.randn(shape)
+        (y,) = ev.run(None, {"X": x})
+        assert torch.equal(y, x.reshape(shape[0], -1))
+        inter = ev.run(None, {"X": x}, intermediates=True)
+        assert inter["target"].tolist() == [shape[0], -1]
+    assert len(ev._shaped[(("Y",), False)].by_signature) == 3  # type: ignore[union-attr]
+
+
+def test_a_shape_that_depends_on_data_is_guarded() -> None:
+    """Shape(NonZero(X)) changes with X's values at one feed shape: the specialised plan's guard sees it
+    and the run falls back to the plain plan, so the answer is never the first run's."""
+    graph = oh.make_graph(
+        [
+            oh.make_node("NonZero", ["X"], ["nz"]),
+            oh.make_node("Shape", ["nz"], ["nz_shape"]),
+            oh.make_node("ConstantOfShape", ["nz_shape"], ["ones"], value=oh.make_tensor("v", TP.FLOAT, [1], [1.0])),
+            oh.make_node("ReduceSum", ["ones"], ["Y"], keepdims=0),
+        ],
+        "g",
+        [vi("X", TP.FLOAT, [4])],
+        [vi("Y", TP.FLOAT, [])],
+    )
+    ev = TorchEvaluator(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9))
+    for x, count in [([1, 0, 2, 0], 2), ([1, 0, 2, 0], 2), ([1, 1, 1, 0], 3), ([0, 0, 0, 5], 1), ([1, 0, 2, 0], 2)]:
+        (y,) = ev.run(None, {"X": torch.tensor(x, dtype=torch.float32)})
+        assert y.item() == count

@@ -6,7 +6,8 @@ predicate (inside If/Loop/Scan bodies too); `compute_dtype=torch.float64` turns 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any, Literal, NamedTuple
@@ -143,9 +144,44 @@ def _build_plan(
     step_inputs: Sequence[tuple[str, ...]],
     outputs: Sequence[str],
     keep_all: bool,
+    *,
+    folded: Collection[int] = (),
+    guards: Mapping[int, Callable[..., Any]] | None = None,
+    keep: Collection[str] = (),
 ) -> tuple[_Step, ...]:
     """The steps computing `outputs`: only the nodes they depend on, in graph order, each freeing the
-    values it is the last to read (nothing with `keep_all`, whose nodes with a subgraph collect theirs)."""
+    values it is the last to read (nothing with `keep_all`, whose nodes with a subgraph collect theirs;
+    nor any of `keep`).
+
+    A shape-specialised plan leaves out the `folded` nodes (their values are put in before it runs), but for
+    those in `guards`: there the guard runs instead of the kernel, on the node's first input."""
+    guards = guards or {}
+    order = [i for i in _needed(nodes, step_inputs, outputs) if i not in folded or i in guards]
+    reads = {i: (step_inputs[i][0],) if i in guards else step_inputs[i] for i in order}
+    last_use: dict[str, int] = {}
+    for i in order:
+        for x in reads[i]:
+            if x:
+                last_use[x] = i
+    kept = set(outputs) | set(keep)
+    steps = []
+    for i in order:
+        k = kernels[i]
+        assert k is not None  # a missing kernel raised MissingKernelError before any plan
+        ins = reads[i]
+        free: tuple[str, ...] = ()
+        if not keep_all:
+            free = tuple(sorted({x for x in ins if x and last_use.get(x) == i and x not in kept}))
+        if i in guards:
+            steps.append(_step(k, ins, (), free, False)._replace(run=guards[i]))
+            continue
+        collect = keep_all and hasattr(k, "run_collecting")
+        steps.append(_step(k, ins, tuple(nodes[i].output), free, collect))
+    return tuple(steps)
+
+
+def _needed(nodes: Sequence[onnx.NodeProto], step_inputs: Sequence[tuple[str, ...]], outputs: Collection[str]) -> list[int]:
+    """The nodes `outputs` depend on, in graph order."""
     produced = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     needed: set[int] = set()
     stack = [produced[o] for o in outputs if o in produced]
@@ -155,24 +191,13 @@ def _build_plan(
             continue
         needed.add(i)
         stack.extend(produced[x] for x in step_inputs[i] if x in produced)
-    order = sorted(needed)
-    last_use: dict[str, int] = {}
-    for i in order:
-        for x in step_inputs[i]:
-            if x:
-                last_use[x] = i
-    keep = set(outputs)
-    steps = []
-    for i in order:
-        k = kernels[i]
-        assert k is not None  # a missing kernel raised MissingKernelError before any plan
-        ins = step_inputs[i]
-        free: tuple[str, ...] = ()
-        if not keep_all:
-            free = tuple(sorted({x for x in ins if x and last_use.get(x) == i and x not in keep}))
-        collect = keep_all and hasattr(k, "run_collecting")
-        steps.append(_step(k, ins, tuple(nodes[i].output), free, collect))
-    return tuple(steps)
+    return sorted(needed)
+
+
+class _ShapeChanged(Exception):
+    """A shape-specialised plan's guard: a value whose shape its folded values were computed from has
+    another shape this run (shapes that depend on more than the feeds' shapes: NonZero, data-dependent
+    Reshape targets, ...)."""
 
 
 class _NodeFailed(RuntimeError):
@@ -207,7 +232,7 @@ def _execute(plan: tuple[_Step, ...], values: dict[Any, Any]) -> None:
                 for x in free:
                     del values[x]
     except Exception as exc:
-        if step is None:  # an empty plan runs nothing that can fail; for the type checker
+        if step is None or isinstance(exc, _ShapeChanged):  # an empty plan fails nowhere; a guard is no node
             raise
         raise _failure(step, values, exc) from (exc.__cause__ if isinstance(exc, _NodeFailed) else exc)
 
@@ -278,6 +303,92 @@ class Subgraph:
 
     def __repr__(self) -> str:
         return f"Subgraph({self.name!r}, {len(self.nodes)} nodes, inputs {list(self.inputs)}, outer {list(self.outer_inputs)})"
+
+
+# Ops that never fold, whatever their inputs: their values are draws, not functions of their inputs.
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial", "Dropout"})
+_SHAPE_SOURCES = frozenset({"Shape", "Size"})  # they read their input's shape, never its values
+_MAX_SIGNATURES = 8  # shape-specialised plans kept per output set (the least recently used goes first)
+_UNFOLDABLE: Any = object()  # a signature whose run is the plain plan's
+
+
+class _ShapePlans:
+    """One output set's plans specialised per feed-shape signature: the values that depend only on the
+    feeds' shapes (and initializers, constants) are computed by the first run with a signature and put in
+    as they are by the next ones, which run only the other nodes.
+
+    `folded` are the plan's nodes whose every input is such a value (Shape and Size read only their input's
+    shape); a Shape/Size of a value that is neither a feed nor folded keeps a guard in the specialised plan,
+    comparing its input's shape with the recorded one (a shape may depend on data: NonZero), and a run whose
+    guard fails is rerun by the plain plan, as every later run with that signature."""
+
+    def __init__(self, ev: TorchEvaluator, outputs: tuple[str, ...], keep_all: bool, plain: tuple[_Step, ...]) -> None:
+        self.ev, self.outputs, self.keep_all, self.plain = ev, outputs, keep_all, plain
+        nodes = ev.nodes
+        needed = _needed(nodes, ev._inputs, outputs)
+        wanted = set(outputs)
+        # a node making an asked-for output runs: the caller gets a tensor of its own, not the cached one
+        self.folded = {i for i in needed if i in ev._foldable and not wanted.intersection(nodes[i].output)}
+        self.sources = [i for i in needed if i in self.folded and i in ev._guarded_sources]
+        consumed = {x for i in needed if i not in self.folded for x in ev._inputs[i] if x}
+        made = {o for i in self.folded for o in nodes[i].output if o}
+        # what the specialised plan needs put in: every folded value with keep_all, else those read by a
+        # node it runs (the other folded values are only read by folded nodes, which it does not run)
+        self.cached_names = tuple(sorted(made if keep_all else made & (consumed | set(outputs))))
+        self.by_signature: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+    def run(self, values: dict[str, Any], signature: tuple[Any, ...]) -> bool:
+        """Runs on `values` (the initializers and the feeds); False when a guard failed (values half-done)."""
+        entry = self.by_signature.get(signature)
+        if entry is None:
+            self._record(values, signature)
+            return True
+        self.by_signature.move_to_end(signature)
+        if entry is _UNFOLDABLE:
+            _execute(self.plain, values)
+            return True
+        plan, cached = entry
+        values.update(cached)
+        try:
+            _execute(plan, values)
+        except _ShapeChanged:
+            self.by_signature[signature] = _UNFOLDABLE
+            return False
+        return True
+
+    def _record(self, values: dict[str, Any], signature: tuple[Any, ...]) -> None:
+        ev = self.ev
+        shapes: dict[int, Any] = {}
+
+        def recording(i: int, run: Callable[..., Any]) -> Callable[..., Any]:
+            def record(x: Any) -> Any:
+                shapes[i] = x.shape if isinstance(x, torch.Tensor) else None
+                return run(x)
+
+            return record
+
+        # the plain plan, but keeping the values to cache, its guarded Shape/Size recording their input's shape
+        recorders = {id(ev._kernels[i]): recording(i, ev._kernels[i].run) for i in self.sources}
+        plan = _build_plan(ev.nodes, ev._kernels, ev._inputs, self.outputs, self.keep_all, keep=self.cached_names)
+        _execute(tuple(st._replace(run=recorders[id(st.kernel)]) if id(st.kernel) in recorders else st for st in plan), values)
+        cached = {n: values[n] for n in self.cached_names}
+        if any(not isinstance(v, torch.Tensor) for v in cached.values()) or any(v is None for v in shapes.values()):
+            entry: Any = _UNFOLDABLE  # sequences and optionals may be built on in place: never shared
+        else:
+            guards = {i: _guard(shapes[i]) for i in self.sources if i in shapes}
+            entry = (_build_plan(ev.nodes, ev._kernels, ev._inputs, self.outputs, self.keep_all, folded=self.folded, guards=guards), cached)
+        self.by_signature[signature] = entry
+        if len(self.by_signature) > _MAX_SIGNATURES:
+            self.by_signature.popitem(last=False)
+
+
+def _guard(shape: torch.Size) -> Callable[[torch.Tensor], tuple[()]]:
+    def guard(x: torch.Tensor) -> tuple[()]:
+        if x.shape != shape:
+            raise _ShapeChanged
+        return ()
+
+    return guard
 
 
 class _Compiler:
@@ -400,6 +511,11 @@ class TorchEvaluator:
         for sg in self._subgraphs:
             sg.prepare()
         self._plans: dict[tuple[tuple[str, ...], bool], tuple[_Step, ...]] = {}
+        self._foldable, self._guarded_sources = self._fold_analysis()
+        #: feed names in a fixed order, for the shape signature; None when some input is a sequence or an
+        #: optional (no shape to key on): every run is then the plain plan's
+        self._signature_names: tuple[str, ...] | None = None if self._input_kinds else tuple(self.input_types)
+        self._shaped: dict[tuple[tuple[str, ...], bool], _ShapePlans | None] = {}
 
     # -- construction ------------------------------------------------------------------------
     def _context(self, domain: str, inherited: str | None = None) -> EvaluatorContext:
@@ -544,6 +660,41 @@ class TorchEvaluator:
             assert k is not None
             yield node, k, ins
 
+    def _fold_analysis(self) -> tuple[frozenset[int], frozenset[int]]:
+        """The main graph's nodes whose values depend only on the feeds' shapes, initializers and constants
+        (Shape and Size read only shapes), and among them the Shape/Size nodes whose input's shape is not
+        fixed by the feeds' shapes alone (they keep a guard). A node with an override, a subgraph, a kernel
+        not from the registry (onnxruntime's) or a random draw never folds, nor does a non-default domain."""
+        static = set(self._initializers)
+        feeds = set(self.input_types)
+        foldable: set[int] = set()
+        guarded: set[int] = set()
+        for i, (node, k, ins) in enumerate(zip(self.nodes, self._kernels, self._inputs, strict=True)):
+            domain = node.domain if node.domain != "ai.onnx" else ""
+            if (
+                domain
+                or node.op_type in _NONDETERMINISTIC
+                or _has_subgraph(node)
+                or self._override_for(node) is not None
+                or type(k) is not lookup(domain, node.op_type, self.opsets.get(domain, 1))
+            ):
+                continue
+            if node.op_type in _SHAPE_SOURCES and len(ins) == 1 and ins[0]:
+                if ins[0] not in feeds and ins[0] not in static:
+                    guarded.add(i)
+            elif not all(x in static for x in ins if x):
+                continue
+            foldable.add(i)
+            static.update(o for o in node.output if o)
+        return frozenset(foldable), frozenset(guarded)
+
+    def _shape_plans(self, key: tuple[tuple[str, ...], bool], plain: tuple[_Step, ...]) -> _ShapePlans | None:
+        shaped = _ShapePlans(self, key[0], key[1], plain) if self._foldable and self._signature_names is not None else None
+        if shaped is not None and not shaped.folded:
+            shaped = None
+        self._shaped[key] = shaped
+        return shaped
+
     # -- running -----------------------------------------------------------------------------
     def _plan(self, outputs: tuple[str, ...], keep_all: bool) -> tuple[_Step, ...]:
         key = (outputs, keep_all)
@@ -621,11 +772,19 @@ class TorchEvaluator:
         subgraph are in it too, by their names; a loop body's (Loop, Scan, SequenceMap) are those of its
         last iteration. Tensors are torch tensors, sequences lists of them, an empty optional None."""
         outputs = tuple(output_names) if output_names else self._output_tuple
-        plan = self._plans.get((outputs, intermediates)) or self._plan(outputs, intermediates)
+        key = (outputs, intermediates)
+        plan = self._plans.get(key) or self._plan(outputs, intermediates)
+        prepared = self._prepare_feeds(feeds)
         values: dict[str, Any] = dict(self._initializers)
-        values.update(self._prepare_feeds(feeds))
+        values.update(prepared)
+        shaped = self._shaped[key] if key in self._shaped else self._shape_plans(key, plan)
         try:
-            _execute(plan, values)
+            if shaped is None:
+                _execute(plan, values)
+            elif not shaped.run(values, tuple([prepared[n].shape for n in self._signature_names])):  # type: ignore[union-attr]
+                values = dict(self._initializers)  # a guard failed: this signature's shapes depend on data
+                values.update(prepared)
+                _execute(plan, values)
         except _NodeFailed as exc:  # a plain RuntimeError naming the node, the kernel's error its cause
             raise RuntimeError(str(exc)) from exc.__cause__
         values.pop("", None)  # omitted optional outputs
