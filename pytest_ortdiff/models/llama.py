@@ -347,6 +347,13 @@ class LlamaAttention(OnnxTwin, builder="llama_attention"):
             setattr(self, name, torch.nn.Parameter(state[name], requires_grad=False))
         self.register_buffer("inv_freq", state["inv_freq"])
 
+    # declared for the type checker: setattr above makes them Parameters, register_buffer a Tensor
+    w_q: torch.Tensor
+    w_k: torch.Tensor
+    w_v: torch.Tensor
+    w_o: torch.Tensor
+    inv_freq: torch.Tensor
+
     def forward(self, hidden_states: torch.Tensor, past_key: torch.Tensor | None = None, past_value: torch.Tensor | None = None) -> Any:
         b, s, _ = hidden_states.shape
         dt, hd = hidden_states.dtype, self.head_dim

@@ -63,9 +63,9 @@ class Range(Kernel):
             n = max(-((s - lim) // d), 0)  # integer ceil division
             return (torch.arange(n, dtype=dtype, device=start.device) * d + s,)
         wide = self.stash if dtype in (torch.float16, torch.bfloat16) else dtype
-        s, lim, d = start.to(wide), limit.to(wide), delta.to(wide)
-        n = max(math.ceil(float((lim - s) / d)), 0)
-        y = torch.arange(n, dtype=wide, device=start.device) * d + s
+        ws, wl, wd = start.to(wide), limit.to(wide), delta.to(wide)
+        n = max(math.ceil(float((wl - ws) / wd)), 0)
+        y = torch.arange(n, dtype=wide, device=start.device) * wd + ws
         return (y if y.dtype == dtype else y.to(dtype),)
 
 
