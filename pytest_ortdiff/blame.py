@@ -386,7 +386,11 @@ def _first_float_dtype(dtypes: Sequence[torch.dtype | None]) -> str:
 
 
 def _local_error(node: onnx.NodeProto, ev: TorchEvaluator, values: Mapping[str, torch.Tensor], index: int) -> tuple[float, float]:
-    """The node's own error: the same inputs through its torch kernel and through onnxruntime."""
+    """The node's own error: the same inputs through its torch kernel and through onnxruntime. A node
+    carrying graphs (If, Loop, Scan, ...) has none of its own: its body's nodes make its error, and a
+    one-node onnxruntime model could not see the outer-scope values its body reads."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return 0.0, 0.0
     inputs = tuple(values[x] if x else None for x in node.input)
     if any(x is not None and not isinstance(x, torch.Tensor) for x in inputs):
         return 0.0, 0.0

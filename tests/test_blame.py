@@ -246,3 +246,30 @@ def test_blame_and_the_oracle_take_the_ort_overrides_that_a_missing_kernel_needs
     assert checker.check(model, feeds, kernels={"hm": "ort"}, reference="float64").is_exact
     (y,) = checker.run(model, feeds, runtime="float64", kernels={"hm": "ort"})
     assert torch.equal(y, torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], dtype=y.dtype))
+
+
+def test_blame_runs_on_a_graph_with_control_flow() -> None:
+    # an If node's own local error is its body's; swapping it runs the whole If on onnxruntime
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+
+    from pytest_ortdiff import blame as blame_fn
+
+    out = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3])  # noqa: E731
+    then_g = helper.make_graph([helper.make_node("Tanh", ["x"], ["t"], name="then_tanh")], "then", [], [out("t")])
+    else_g = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["e"], name="else_sig")], "else", [], [out("e")])
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
+        helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+        helper.make_node("If", ["c"], ["y0"], then_branch=then_g, else_branch=else_g, name="if"),
+        helper.make_node("Mul", ["y0", "x"], ["y"], name="mul"),
+    ]
+    zero = onnx.numpy_helper.from_array(np.array(0, np.float32), "zero")
+    graph = helper.make_graph(nodes, "m", [out("x")], [out("y")], [zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    table = blame_fn(model, {"x": torch.rand(2, 3, generator=torch.Generator().manual_seed(0))}, provider="CPU")
+    rows = {r.node: r for r in table.rows}
+    assert set(rows) == {"sum", "gt", "if", "mul"}
+    assert rows["if"].local_max_abs == 0.0 and rows["if"].explained == 1.0
