@@ -16,9 +16,10 @@ import onnx
 import torch
 
 from ..dtypes import DType, dtype_of
+from ..model_io import InvalidModelError, load_model
+from ..model_io import check_model as _check_model
 from . import kernels as _kernels  # registers every kernel family
 from .kernels.base import Kernel, KernelContext, UnsupportedVariantError, lookup
-from .ort import load_model
 from .tensors import to_torch
 
 __all__ = ["EvaluatorContext", "KernelOverride", "MissingKernelError", "Subgraph", "TorchEvaluator"]
@@ -439,9 +440,9 @@ class TorchEvaluator:
         self.model = load_model(model)
         if check_model:
             try:
-                onnx.checker.check_model(self.model)
-            except onnx.checker.ValidationError as exc:
-                raise ValueError(f"the model fails onnx.checker: {str(exc).strip().splitlines()[0]}; fix the graph (or pass check_model=False to try anyway)") from None
+                _check_model(self.model)  # the one checker call (cached per model) the fixture and CLI use too
+            except InvalidModelError as exc:
+                raise ValueError(f"{exc} (or pass check_model=False to try anyway)") from None
         if missing not in ("error", "ort"):
             raise ValueError(f"missing={missing!r} is not valid; use 'error' (name the ops without a torch kernel) or 'ort' (run them on onnxruntime)")
         self.missing = missing
