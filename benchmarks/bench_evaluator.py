@@ -201,7 +201,7 @@ def bench_chain(repeat: int) -> None:
 
 def bench_seed(repeat: int) -> None:
     model = models.layer_norm_matmul_add(dtype="float32")
-    feeds = models.random_feeds(model, SEED_DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=SEED_DIMS, seed=0)
     np_feeds = {k: v.numpy() for k, v in feeds.items()}
     ours = TorchEvaluator(model)
     runner = OrtRunner(model, session_options=ort_options())

@@ -281,7 +281,7 @@ def _draw_feeds(
     from .models.feeds import set_feed_range
 
     if not given and not ranges:
-        return random_feeds(model, dims, seed=seed, device=device)
+        return random_feeds(model, dims=dims, seed=seed, device=device)
     # random_feeds reads a model's inputs and recorded ranges only: a model of just the drawn inputs
     # draws them without copying the graph (which may be large) to record the ranges
     inputs = onnx.ModelProto()
@@ -289,7 +289,7 @@ def _draw_feeds(
     inputs.metadata_props.extend(model.metadata_props)
     for name, (lo, hi) in ranges.items():
         set_feed_range(inputs, name, lo, hi)
-    drawn = random_feeds(inputs, dims, seed=seed, device=device) if len(inputs.graph.input) else {}
+    drawn = random_feeds(inputs, dims=dims, seed=seed, device=device) if len(inputs.graph.input) else {}
     fed = {name: value.to(device) for name, value in given.items()}
     return {name: fed[name] if name in fed else drawn[name] for name in specs}
 

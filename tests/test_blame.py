@@ -23,7 +23,7 @@ def _wrong_epsilon_layer_norm(x, scale, bias):
 
 def test_wrong_but_close_kernel_is_blamed_first() -> None:
     model = models.layer_norm_matmul_add(dtype="float32")
-    feeds = models.random_feeds(model, DIMS, seed=1)
+    feeds = models.random_feeds(model, dims=DIMS, seed=1)
     table = blame(model, feeds, kernels={"layer_norm": _wrong_epsilon_layer_norm})
     assert table[0].node == "layer_norm"
     assert table[0].op_type == "LayerNormalization"
@@ -51,7 +51,7 @@ def _add_mul_model():
 
 def test_no_discrepancy_blames_nothing() -> None:
     model = _add_mul_model()
-    feeds = models.random_feeds(model, {"n": 100}, seed=0)
+    feeds = models.random_feeds(model, dims={"n": 100}, seed=0)
     table = blame(model, feeds)
     assert table.gap.is_exact
     assert table.culprit is None
@@ -72,7 +72,7 @@ def test_multi_output_and_optional_input_substitute() -> None:
         ir_version=9,
         opset_imports=[oh.make_opsetid("", 18)],
     )
-    feeds = models.random_feeds(model, {"a": 3}, seed=0)
+    feeds = models.random_feeds(model, dims={"a": 3}, seed=0)
     via_ort = TorchEvaluator(model, kernels={("", "LayerNormalization"): "ort"}).run(None, feeds)
     full_ort = OrtRunner(model).run(None, feeds)
     assert [t.shape for t in via_ort] == [(3, 6, 5), (3, 1, 1), (3, 1, 1)]
@@ -115,7 +115,7 @@ def test_oracle_beats_float16_runtimes_on_cancellation() -> None:
 
 def test_cpu_float16_gap_is_explained_by_inserted_casts() -> None:
     model = models.layer_norm_matmul_add(dtype="float16")
-    feeds = models.random_feeds(model, DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=DIMS, seed=0)
     table = blame(model, feeds)
     if table.gap.is_exact:
         pytest.skip("this onnxruntime build computes float16 MatMul like torch: no gap to explain")
@@ -165,7 +165,7 @@ def test_by_op_type_swaps_every_node_of_a_type() -> None:
 
 def test_ort_intermediates_expose_every_node_output() -> None:
     model = models.layer_norm_matmul_add(dtype="float32")
-    feeds = models.random_feeds(model, DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=DIMS, seed=0)
     inter = ort_intermediates(model, feeds)
     assert set(inter) == {"norm", "mm", "Z"}
     ev = TorchEvaluator(model).run(None, feeds, intermediates=True)

@@ -42,7 +42,7 @@ def lnmma_numpy(feeds: dict[str, torch.Tensor]) -> np.ndarray:
 @pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("float16", 1e-2), ("bfloat16", 5e-2)])
 def test_evaluator_on_cuda_is_close_to_cpu(dtype: str, tol: float) -> None:
     model = models.layer_norm_matmul_add(dtype=dtype)
-    feeds = models.random_feeds(model, DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=DIMS, seed=0)
     (gpu,) = TorchEvaluator(model, device="cuda").run(None, feeds)  # CPU feeds are moved to the device
     (cpu,) = TorchEvaluator(model).run(None, feeds)
     assert gpu.device.type == "cuda"
@@ -54,7 +54,7 @@ def test_evaluator_on_cuda_is_close_to_cpu(dtype: str, tol: float) -> None:
 @needs_cuda
 def test_evaluator_on_cuda_with_cuda_feeds_and_intermediates() -> None:
     model = models.layer_norm_matmul_add(dtype="float16")
-    feeds = models.random_feeds(model, DIMS, seed=1, device="cuda")
+    feeds = models.random_feeds(model, dims=DIMS, seed=1, device="cuda")
     assert {v.device.type for v in feeds.values()} == {"cuda"}
     values = TorchEvaluator(model, device="cuda").run(None, feeds, intermediates=True)
     assert {values[k].device.type for k in ("norm", "mm", "Z")} == {"cuda"}
@@ -64,7 +64,7 @@ def test_evaluator_on_cuda_with_cuda_feeds_and_intermediates() -> None:
 @needs_cuda
 def test_float64_oracle_on_cuda() -> None:
     model = models.layer_norm_matmul_add(dtype="float16")
-    feeds = models.random_feeds(model, DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=DIMS, seed=0)
     (z,) = TorchEvaluator(model, device="cuda", compute_dtype=torch.float64).run(None, feeds)
     assert z.device.type == "cuda"
     assert z.dtype == torch.float64
@@ -75,7 +75,7 @@ def test_float64_oracle_on_cuda() -> None:
 @needs_ort_cuda
 def test_ort_override_on_cuda_runs_the_cuda_provider() -> None:
     model = models.layer_norm_matmul_add(dtype="float32")
-    feeds = models.random_feeds(model, DIMS, seed=0, device="cuda")
+    feeds = models.random_feeds(model, dims=DIMS, seed=0, device="cuda")
     values = TorchEvaluator(model, device="cuda", kernels={("", "MatMul"): "ort"}).run(None, feeds, intermediates=True)
     assert values["mm"].device.type == "cuda"
     np.testing.assert_allclose(
@@ -158,7 +158,7 @@ def test_compare_cuda_against_cpu_tensor() -> None:
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_ort_cuda_outputs_stay_on_the_gpu(dtype: str) -> None:
     model = models.layer_norm_matmul_add(dtype=dtype)
-    feeds = models.random_feeds(model, DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=DIMS, seed=0)
     runner = OrtRunner(model, provider="CUDA")
     assert runner.device == torch.device("cuda", 0)
     assert runner.session.get_providers()[0] == "CUDAExecutionProvider"

@@ -62,12 +62,12 @@ def m16() -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def f32(m32: onnx.ModelProto) -> dict[str, torch.Tensor]:
-    return models.random_feeds(m32, DIMS, seed=0)
+    return models.random_feeds(m32, dims=DIMS, seed=0)
 
 
 @pytest.fixture(scope="module")
 def f16(m16: onnx.ModelProto) -> dict[str, torch.Tensor]:
-    return models.random_feeds(m16, DIMS, seed=0)
+    return models.random_feeds(m16, dims=DIMS, seed=0)
 
 
 # -- values against references ------------------------------------------------------------------
@@ -76,7 +76,7 @@ def f16(m16: onnx.ModelProto) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(("dtype", "max_ulp"), [("float32", 16), ("float16", 4)])
 def test_matches_onnx_reference_evaluator(dtype: str, max_ulp: int) -> None:
     model = models.layer_norm_matmul_add(dtype=dtype)
-    feeds = models.random_feeds(model, DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=DIMS, seed=0)
     (got,) = TorchEvaluator(model).run(None, feeds)
     (ref,) = ReferenceEvaluator(model).run(None, {k: v.numpy() for k, v in feeds.items()})
     assert got.dtype == getattr(torch, dtype)
@@ -91,7 +91,7 @@ def test_matches_onnx_reference_evaluator(dtype: str, max_ulp: int) -> None:
 @pytest.mark.parametrize(("dtype", "max_ulp"), [("float32", 16), ("float16", 4)])
 def test_matches_onnxruntime(dtype: str, max_ulp: int) -> None:
     model = models.layer_norm_matmul_add(dtype=dtype)
-    feeds = models.random_feeds(model, DIMS, seed=1)
+    feeds = models.random_feeds(model, dims=DIMS, seed=1)
     (got,) = TorchEvaluator(model).run(None, feeds)
     (ort,) = OrtRunner(model).run(None, feeds)
     report = compare(ort, got)

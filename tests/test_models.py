@@ -81,7 +81,7 @@ def test_builder_declares_its_dims_for_hypothesis() -> None:
 
 
 def test_feed_shapes_come_from_dims() -> None:
-    feeds = random_feeds(layer_norm_matmul_add(dtype="float32"), DIMS, seed=0)
+    feeds = random_feeds(layer_norm_matmul_add(dtype="float32"), dims=DIMS, seed=0)
     assert list(feeds) == INPUTS
     assert {k: tuple(v.shape) for k, v in feeds.items()} == SHAPES
     assert {v.dtype for v in feeds.values()} == {torch.float32}
@@ -89,7 +89,7 @@ def test_feed_shapes_come_from_dims() -> None:
 
 
 def test_feed_value_ranges() -> None:
-    feeds = random_feeds(layer_norm_matmul_add(dtype="float32"), {"a": 4, "b": 64, "c": 64}, seed=3)
+    feeds = random_feeds(layer_norm_matmul_add(dtype="float32"), dims={"a": 4, "b": 64, "c": 64}, seed=3)
     x = feeds["X"]
     assert x.min() >= -60 and x.max() < 60
     assert x.min() < -55 and x.max() > 55  # the whole range is used
@@ -113,7 +113,7 @@ def test_ranges_are_recorded_in_the_model_metadata() -> None:
 def test_set_feed_range_changes_what_is_drawn() -> None:
     model = layer_norm_matmul_add(dtype="float32")
     set_feed_range(model, "X", 5.0, 6.0)
-    x = random_feeds(model, DIMS)["X"]
+    x = random_feeds(model, dims=DIMS)["X"]
     assert x.min() >= 5.0 and x.max() < 6.0
     with pytest.raises(ValueError, match=re.escape("feed range for 'X' must have low < high, got [6.0, 5.0)")):
         set_feed_range(model, "X", 6.0, 5.0)
@@ -121,17 +121,17 @@ def test_set_feed_range_changes_what_is_drawn() -> None:
 
 def test_same_seed_same_feeds_other_seed_other_feeds() -> None:
     model = layer_norm_matmul_add(dtype="float32")
-    a = random_feeds(model, DIMS, seed=7)
-    b = random_feeds(model, DIMS, seed=7)
-    c = random_feeds(model, DIMS, seed=8)
+    a = random_feeds(model, dims=DIMS, seed=7)
+    b = random_feeds(model, dims=DIMS, seed=7)
+    c = random_feeds(model, dims=DIMS, seed=8)
     assert all(torch.equal(a[k], b[k]) for k in INPUTS)
     assert not any(torch.equal(a[k], c[k]) for k in INPUTS)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
 def test_other_dtypes_are_the_float32_feeds_rounded(dtype: str) -> None:
-    f32 = random_feeds(layer_norm_matmul_add(dtype="float32"), DIMS, seed=0)
-    other = random_feeds(layer_norm_matmul_add(dtype=dtype), DIMS, seed=0)
+    f32 = random_feeds(layer_norm_matmul_add(dtype="float32"), dims=DIMS, seed=0)
+    other = random_feeds(layer_norm_matmul_add(dtype=dtype), dims=DIMS, seed=0)
     target = getattr(torch, dtype)
     if dtype == "float64":
         # float64 draws in float64: the same generator, not the float32 values
@@ -145,8 +145,8 @@ def test_other_dtypes_are_the_float32_feeds_rounded(dtype: str) -> None:
 
 def test_dtype_override_of_floating_inputs() -> None:
     model = layer_norm_matmul_add(dtype="float32")
-    half = random_feeds(model, DIMS, seed=0, dtype="float16")
-    f32 = random_feeds(model, DIMS, seed=0)
+    half = random_feeds(model, dims=DIMS, seed=0, dtype="float16")
+    f32 = random_feeds(model, dims=DIMS, seed=0)
     assert {v.dtype for v in half.values()} == {torch.float16}
     assert all(torch.equal(half[k], f32[k].half()) for k in INPUTS)
 
@@ -154,7 +154,7 @@ def test_dtype_override_of_floating_inputs() -> None:
 def test_missing_dim_is_named() -> None:
     model = layer_norm_matmul_add(dtype="float32")
     with pytest.raises(ValueError, match=re.escape("random_feeds needs a value for the symbolic dims ['c']; pass dims={'c': ...}")):
-        random_feeds(model, {"a": 2, "b": 8})
+        random_feeds(model, dims={"a": 2, "b": 8})
     with pytest.raises(ValueError, match=re.escape("symbolic dims ['a', 'b', 'c']; pass dims={'a': ..., 'b': ..., 'c': ...}")):
         random_feeds(model)
 
@@ -163,8 +163,8 @@ def test_random_feeds_accepts_a_path(tmp_path: object) -> None:
     model = layer_norm_matmul_add(dtype="float32")
     path = tmp_path / "m.onnx"  # type: ignore[operator]
     onnx.save(model, str(path))
-    a = random_feeds(path, DIMS, seed=1)
-    b = random_feeds(model, DIMS, seed=1)
+    a = random_feeds(path, dims=DIMS, seed=1)
+    b = random_feeds(model, dims=DIMS, seed=1)
     assert all(torch.equal(a[k], b[k]) for k in INPUTS)
 
 
@@ -174,7 +174,7 @@ def test_random_feeds_accepts_a_path(tmp_path: object) -> None:
 @pytest.mark.parametrize("epsilon", [1e-5, 1.0])
 def test_torch_twin_matches_the_evaluator(epsilon: float) -> None:
     model = layer_norm_matmul_add(dtype="float32", epsilon=epsilon)
-    feeds = random_feeds(model, DIMS, seed=0)
+    feeds = random_feeds(model, dims=DIMS, seed=0)
     (z,) = TorchEvaluator(model).run(None, feeds)
     twin = LayerNormMatMulAdd(epsilon=epsilon)
     with torch.no_grad():
@@ -185,7 +185,7 @@ def test_torch_twin_matches_the_evaluator(epsilon: float) -> None:
 
 
 def test_torch_twin_epsilon_matters() -> None:
-    feeds = random_feeds(layer_norm_matmul_add(dtype="float32"), {"a": 1, "b": 4, "c": 8}, seed=0)
+    feeds = random_feeds(layer_norm_matmul_add(dtype="float32"), dims={"a": 1, "b": 4, "c": 8}, seed=0)
     feeds["X"] = feeds["X"] / 100  # variance ~0.1: an epsilon of 1 changes the result
     args = [feeds[k] for k in INPUTS]
     assert (LayerNormMatMulAdd(1e-5)(*args) - LayerNormMatMulAdd(1.0)(*args)).abs().max() > 0.1

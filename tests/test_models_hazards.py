@@ -41,7 +41,7 @@ def _assert_same_specials(got: torch.Tensor, expected: torch.Tensor) -> None:
 
 def _case(kind: str, dtype: str, seed: int = 0) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
     model = fp16_hazards(kind, dtype=dtype)
-    return model, random_feeds(model, DIMS, seed=seed)
+    return model, random_feeds(model, dims=DIMS, seed=seed)
 
 
 # -- the graphs ---------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_opset_is_honoured(kind: str, opset: int) -> None:
     model = fp16_hazards(kind, dtype="float32", opset=opset)
     assert [(o.domain, o.version) for o in model.opset_import] == [("", opset)]
     onnx.checker.check_model(model, full_check=True)
-    feeds = random_feeds(model, {"batch": 2, "n": 8}, seed=0)
+    feeds = random_feeds(model, dims={"batch": 2, "n": 8}, seed=0)
     torch.testing.assert_close(_run(model, feeds), _reference(model, feeds), atol=1e-6, rtol=1e-5)
 
 
@@ -122,7 +122,7 @@ def test_feed_ranges_are_recorded_and_documented() -> None:
     ranges = {k: {p.key: p.value for p in fp16_hazards(k).metadata_props}["ortdiff.range.X"] for k in KINDS}
     assert ranges == {"pow": "-400.0,400.0", "reduce_mean": "-400.0,400.0", "softmax": "-20.0,20.0", "log": "-0.0001,0.0001", "div": "-0.0001,0.0001"}
     assert "float16 hazard for X in [-20, 20): exp(x) > 65504 for x > 11.09" in fp16_hazards("softmax").doc_string
-    x = random_feeds(fp16_hazards("softmax"), DIMS, seed=0)["X"]
+    x = random_feeds(fp16_hazards("softmax"), dims=DIMS, seed=0)["X"]
     assert x.dtype == torch.float16 and x.min() >= -20 and x.max() < 20
 
 

@@ -39,7 +39,7 @@ def m32() -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def f32(m32: onnx.ModelProto) -> dict[str, torch.Tensor]:
-    return models.random_feeds(m32, DIMS, seed=0)
+    return models.random_feeds(m32, dims=DIMS, seed=0)
 
 
 def plain_session(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -50,7 +50,7 @@ def plain_session(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_outputs_are_torch_tensors_equal_to_inference_session(dtype: str) -> None:
     model = models.layer_norm_matmul_add(dtype=dtype)
-    feeds = models.random_feeds(model, DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=DIMS, seed=0)
     (got,) = OrtRunner(model).run(None, feeds)
     (ref,) = plain_session(model, feeds)
     assert isinstance(got, torch.Tensor)
@@ -235,7 +235,7 @@ def test_bfloat16_arithmetic_on_cpu_is_unsupported_and_named(op: str, named: str
 
 def test_bfloat16_seed_graph_names_the_first_missing_op() -> None:
     model = models.layer_norm_matmul_add(dtype="bfloat16")
-    feeds = models.random_feeds(model, DIMS, seed=0)
+    feeds = models.random_feeds(model, dims=DIMS, seed=0)
     assert feeds["X"].dtype == torch.bfloat16
     with pytest.raises(UnsupportedByProviderError) as info:
         OrtRunner(model).run(None, feeds)

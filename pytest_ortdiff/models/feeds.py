@@ -40,7 +40,7 @@ def _ranges(model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
     return out
 
 
-def random_feeds(model: Any, dims: Mapping[str, int] | None = None, seed: int = 0, dtype: Any = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def random_feeds(model: Any, *, dims: Mapping[str, int] | None = None, seed: int = 0, dtype: Any = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """A dict input name -> torch tensor for `model`.
 
     `dims` gives the symbolic dims (`{"a": 2, "b": 1024, "c": 1152}`); values are drawn uniformly in each

@@ -78,7 +78,7 @@ _KINDS: dict[str, _Hazard] = {
 }
 
 
-def fp16_hazards(kind: str, dtype: Any = "float16", opset: int = 18, batch: int | str = "batch", n: int | str = "n") -> onnx.ModelProto:
+def fp16_hazards(kind: str, *, dtype: Any = "float16", opset: int = 18, batch: int | str = "batch", n: int | str = "n") -> onnx.ModelProto:
     """A graph whose float16 computation overflows or underflows (seeds/001) for its recorded feeds.
 
     `kind` (all in `fp16_hazards.kinds`), input X and output Y, every node in `dtype`:

@@ -17,7 +17,7 @@ from .feeds import set_feed_range
 __all__ = ["LayerNormMatMulAdd", "layer_norm_matmul_add"]
 
 
-def layer_norm_matmul_add(dtype: Any = "float16", opset: int = 18, epsilon: float = 1e-5) -> onnx.ModelProto:
+def layer_norm_matmul_add(*, dtype: Any = "float16", opset: int = 18, epsilon: float = 1e-5) -> onnx.ModelProto:
     """Z = LayerNormalization(X, scale, bias, axis=-1) @ weights + bias2, dims a x b x c symbolic."""
     if opset < 17:
         raise ValueError(f"LayerNormalization needs opset >= 17, got opset={opset}")

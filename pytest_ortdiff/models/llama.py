@@ -236,6 +236,7 @@ def _finish(model: onnx.ModelProto, has_past: bool) -> None:
 
 
 def llama_attention(
+    *,
     dtype: Any = "float32",
     opset: int = 18,
     hidden: int = 64,
@@ -279,6 +280,7 @@ llama_attention.constraints = _LLAMA_CONSTRAINTS  # type: ignore[attr-defined]
 
 
 def llama_decoder_layer(
+    *,
     dtype: Any = "float32",
     opset: int = 18,
     hidden: int = 64,

@@ -262,7 +262,7 @@ def _two_layer(name: str, activation: str, dtype: Any, opset: int, in_features: 
     return model
 
 
-def mlp(dtype: Any = "float32", opset: int = 18, in_features: int = 10, hidden: int = 32, out_features: int = 1, batch: int | str = "batch", seed: int = 0) -> onnx.ModelProto:
+def mlp(*, dtype: Any = "float32", opset: int = 18, in_features: int = 10, hidden: int = 32, out_features: int = 1, batch: int | str = "batch", seed: int = 0) -> onnx.ModelProto:
     """seeds/003's MLP: Y = Gemm(Relu(Gemm(X, fc1.weight, fc1.bias, transB=1)), fc2.weight, fc2.bias, transB=1).
 
     X is [batch, in_features] (batch symbolic unless an int is given), in [-2, 2); the weights are
@@ -278,7 +278,7 @@ mlp.build_dims = ("in_features", "hidden", "out_features")  # type: ignore[attr-
 mlp.constraints = ()  # type: ignore[attr-defined]
 
 
-def gelu_mlp(dtype: Any = "float32", opset: int = 18, in_features: int = 16, hidden: int = 64, out_features: int = 16, batch: int | str = "batch", approximate: str = "none", seed: int = 0) -> onnx.ModelProto:
+def gelu_mlp(*, dtype: Any = "float32", opset: int = 18, in_features: int = 16, hidden: int = 64, out_features: int = 16, batch: int | str = "batch", approximate: str = "none", seed: int = 0) -> onnx.ModelProto:
     """Linear -> GELU -> Linear (a transformer's MLP): Gemm, then `Gelu` at opset >= 20 or its exporter
     decomposition below (Erf for approximate="none", Tanh for "tanh"), then Gemm. Twin: `GeluMLP`."""
     if approximate not in ("none", "tanh"):
