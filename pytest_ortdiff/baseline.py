@@ -17,8 +17,10 @@ import hashlib
 import io
 import json
 import math
+import os
 import platform
 import re
+import time
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,9 +46,11 @@ __all__ = [
     "baseline_path",
     "check_baseline",
     "check_outputs",
+    "clean_stale_temp_files",
     "compare_baseline",
     "environment",
     "load_baseline",
+    "read_meta",
     "write_baseline",
 ]
 
@@ -127,9 +131,22 @@ def environment_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
 # names and paths
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-\[\]=+,]")
+#: the name part of a file name has no dots: the last dot before ".npz" then separates test and name
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_\-\[\]=+,]")
 
 
-def _safe(name: str, limit: int = 120) -> str:
+def _safe(name: str, limit: int = 120, unsafe: re.Pattern[str] = _UNSAFE) -> str:
+    """`name` made safe for a file name, injectively: a name that needs no change is kept as it is (so the
+    usual ids stay readable, and keep the names older versions gave them); a changed or too long one gets
+    `~` and a hash of the original, and `~` is never kept, so no kept name equals a changed one."""
+    out = unsafe.sub("_", name).strip(".") or "_"
+    if out != name or len(out) > limit:
+        out = out[: limit - 11] + "~" + hashlib.sha1(name.encode()).hexdigest()[:10]
+    return out
+
+
+def _legacy_safe(name: str, limit: int = 120) -> str:
+    """The names earlier versions gave, which mapped `a/b` and `a_b` to one file: read as a fallback only."""
     out = _UNSAFE.sub("_", name).strip(".") or "_"
     if len(out) > limit:
         out = out[: limit - 11] + "~" + hashlib.sha1(name.encode()).hexdigest()[:10]
@@ -142,8 +159,20 @@ def baseline_test_name(nodeid: str) -> str:
 
 
 def baseline_path(directory: str | Path, test: str, name: str) -> Path:
-    """`<directory>/<test>.<name>.npz`, both parts made safe for file names."""
-    return Path(directory) / f"{_safe(test)}.{_safe(name, 60)}.npz"
+    """`<directory>/<test>.<name>.npz`, both parts made safe for file names, one file per (test, name).
+
+    A baseline stored under the name older versions gave it (which sanitized `a/b` and `a_b` alike) is
+    still found: when the file of the current name does not exist and the old one does and its own
+    metadata says it belongs to this test and name, that file is used (and rewritten in place by
+    --ortdiff-update-baselines); a file of the old name that names another test is never used."""
+    path = Path(directory) / f"{_safe(test)}.{_safe(name, 60, _UNSAFE_NAME)}.npz"
+    legacy = Path(directory) / f"{_legacy_safe(test)}.{_legacy_safe(name, 60)}.npz"
+    if legacy == path or path.exists() or not legacy.is_file():
+        return path
+    meta = read_meta(legacy)
+    if meta is not None and baseline_test_name(str(meta.get("test", ""))) == test and meta.get("name") == name:
+        return legacy
+    return path
 
 
 def sidecar_path(path: Path) -> Path:
@@ -291,6 +320,68 @@ def _summary(t: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------------------
+# temporary files of killed writers
+
+#: a temporary file older than this is a dead writer's: writing even a summarized baseline takes seconds
+STALE_TEMP_SECONDS = 600.0
+# write_atomically's temporary files: `.<file>.<random>.tmp`, next to `<file>`; a baseline's own name never
+# starts with "." (`_safe` strips it), so neither can be mistaken for the other
+_TEMP = re.compile(r"^\.(?P<target>.+\.(?:npz|json))\.(?P<rest>[^/]+)\.tmp$")
+# a writer that names itself (`...pid<N>...`) is known dead as soon as that process is gone
+_TEMP_PID = re.compile(r"(?:^|[._-])pid(?P<pid>[1-9][0-9]{0,9})(?:[._-]|$)")
+_CLEANED: set[Path] = set()
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # exists (another user's), or cannot tell: keep its file
+    return True
+
+
+def clean_stale_temp_files(directory: str | Path, *, max_age: float = STALE_TEMP_SECONDS, now: float | None = None) -> list[Path]:
+    """Remove the temporary files that killed baseline writers left in `directory`: those of a writer
+    whose process is gone (when the name carries its pid) or older than `max_age` seconds. A live
+    writer's file is younger, and one removed under it only fails that write (its target is untouched).
+    Returns the files removed."""
+    removed: list[Path] = []
+    now = time.time() if now is None else now
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if m is None:
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        pid = _TEMP_PID.search(m["rest"])
+        if age > max_age or (pid is not None and not _alive(int(pid["pid"]))):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _clean_once(directory: Path) -> None:
+    """clean_stale_temp_files once per directory per process: one listing, however many baselines."""
+    key = directory.absolute()
+    if key not in _CLEANED:
+        _CLEANED.add(key)
+        clean_stale_temp_files(directory)
+
+
+# ------------------------------------------------------------------------------------------------
 # writing
 
 
@@ -397,35 +488,109 @@ class Baseline:
         return DiffReport.from_dict(data) if data else None
 
 
-def load_baseline(path: str | Path) -> Baseline:
-    """Read and verify a baseline; FileNotFoundError if absent, CorruptBaselineError if it cannot be trusted."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(str(path))
+#: the metadata's JSON is small (a few kB); a larger member is not one this code wrote
+_META_MAX_BYTES = 64 << 20
+#: an .npy header is at most a few hundred bytes (numpy itself caps it at 10,000 by default)
+_NPY_HEADER_MAX = 10_000
+
+
+def _read_npy(z: zipfile.ZipFile, member: str, path: Path, max_bytes: int) -> np.ndarray:
+    """One `.npy` member, decompressing at most its header and `max_bytes` of data (a member larger than
+    that, or whose header claims more, is refused before it is inflated): a crafted 1 MB file must not
+    cost a GiB."""
     try:
-        raw = path.read_bytes()
-        if not raw.startswith(b"PK\x03\x04"):
-            # checked first: np.load would try to unpickle anything else
-            raise CorruptBaselineError(path, f"truncated or not a zip file ({len(raw):,} bytes, no zip header): emptied or overwritten with something else")
-        with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-            files = set(npz.files)
-            if _META not in files:
-                raise CorruptBaselineError(path, f"no {_META} entry: not written by pytest-ortdiff")
-            meta = json.loads(str(npz[_META]))
-            arrays = {k: npz[k] for k in files if k != _META}
-    except CorruptBaselineError:
-        raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, OSError, KeyError, json.JSONDecodeError) as exc:
-        what = "truncated or not a zip file" if isinstance(exc, zipfile.BadZipFile | EOFError) else "unreadable"
-        raise CorruptBaselineError(path, f"{what} ({type(exc).__name__}: {exc})") from None
+        info = z.getinfo(member)
+    except KeyError:
+        raise CorruptBaselineError(path, f"member {member!r} named by its metadata is missing") from None
+    limit = max_bytes + _NPY_HEADER_MAX
+    if info.file_size > limit:
+        raise CorruptBaselineError(path, f"member {member!r} holds {info.file_size:,} bytes, more than the {max_bytes:,} bytes of data its metadata gives it (file edited or crafted)")
+    with z.open(info) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CorruptBaselineError(path, f"member {member!r} inflates past the {max_bytes:,} bytes of data its metadata gives it (file edited or crafted)")
+    buf = io.BytesIO(data)
+    version = np.lib.format.read_magic(buf)
+    header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = header(buf, max_header_size=_NPY_HEADER_MAX)
+    count = math.prod(shape)
+    if dtype.hasobject or fortran or count * dtype.itemsize > max_bytes or count * dtype.itemsize != len(data) - buf.tell():
+        raise CorruptBaselineError(path, f"member {member!r}: header {dtype.str}{shape} does not match its data or its metadata")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(shape)
+
+
+def _open_zip(path: Path) -> bytes:
+    raw = path.read_bytes()  # an OSError (permissions, a directory) is not damage: raised as it is, the file kept
+    if not raw.startswith(b"PK\x03\x04"):
+        # checked first: np.load would try to unpickle anything else
+        raise CorruptBaselineError(path, f"truncated or not a zip file ({len(raw):,} bytes, no zip header): emptied or overwritten with something else")
+    return raw
+
+
+def _meta_of(z: zipfile.ZipFile, path: Path) -> dict[str, Any]:
+    if f"{_META}.npy" not in z.namelist():
+        raise CorruptBaselineError(path, f"no {_META} entry: not written by pytest-ortdiff")
+    text = _read_npy(z, f"{_META}.npy", path, _META_MAX_BYTES)
+    if text.dtype.kind != "U" or text.shape != ():
+        raise CorruptBaselineError(path, f"{_META} entry is not a string: not written by pytest-ortdiff")
+    meta = json.loads(str(text[()]))
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         version = meta.get("format") if isinstance(meta, dict) else None
         raise CorruptBaselineError(path, f"format {version!r}; this pytest-ortdiff reads format {FORMAT} (written by a newer or older version?)")
+    return meta
+
+
+def _damage(path: Path, exc: BaseException) -> CorruptBaselineError:
+    what = "truncated or not a zip file" if isinstance(exc, zipfile.BadZipFile | EOFError) else "unreadable"
+    return CorruptBaselineError(path, f"{what} ({type(exc).__name__}: {exc})")
+
+
+def read_meta(path: str | Path) -> dict[str, Any] | None:
+    """A baseline's metadata alone (no array inflated); None when the file is absent or cannot be trusted."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(io.BytesIO(_open_zip(path))) as z:
+            return _meta_of(z, path)
+    except Exception:  # any failure on untrusted bytes means "not a usable baseline"
+        return None
+
+
+def load_baseline(path: str | Path) -> Baseline:
+    """Read and verify a baseline; FileNotFoundError if absent, CorruptBaselineError if it cannot be
+    trusted (whatever the damage: the zip, the compression, the headers, the metadata, the bits), an
+    OSError as it is when the file cannot be read at all (it may be good: it is never overwritten).
+
+    Only the members its metadata names are inflated, each capped at the size its metadata gives it
+    (shape x itemsize): extra or oversized members cost nothing."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(str(path))
+    raw = _open_zip(path)
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            meta = _meta_of(z, path)
+            return _verify(path, meta, z)
+    except CorruptBaselineError:
+        raise
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CorruptBaselineError(path, f"metadata incomplete ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # untrusted bytes: zlib.error, TokenError (an edited .npy header),
+        # NotImplementedError (a compression method zipfile lacks), ValueError, MemoryError, ... all mean damage
+        raise _damage(path, exc) from None
+
+
+def _verify(path: Path, meta: dict[str, Any], z: zipfile.ZipFile) -> Baseline:
     outputs: dict[str, StoredOutput] = {}
     try:
         for key, entry in meta["outputs"].items():
-            arr = arrays[entry["key"]]
             shape = tuple(int(s) for s in entry["shape"])
+            itemsize = dtype_of(entry["dtype"]).numpy.itemsize
+            count = math.prod(shape) if entry["stored"] == "full" else int(entry["sample_count"])
+            if min((*shape, count), default=0) < 0:
+                raise CorruptBaselineError(path, f"output {key!r}: negative size in its metadata")
+            arr = _read_npy(z, f"{entry['key']}.npy", path, count * itemsize)
+            if arr.dtype != dtype_of(entry["dtype"]).numpy:
+                raise CorruptBaselineError(path, f"output {key!r}: stored as {arr.dtype}, its metadata says {entry['dtype']} (file edited or damaged)")
             if entry["stored"] == "full":
                 if tuple(arr.shape) != shape or _sha256(arr) != entry["sha256"]:
                     raise CorruptBaselineError(path, f"output {key!r}: stored bits do not match their recorded sha256/shape (file edited or damaged)")
@@ -700,6 +865,7 @@ def check_baseline(
     whose bits equal this run's is left untouched, so reruns do not churn files.
     """
     path = Path(path)
+    _clean_once(path.parent)
     how = f"pytest '{test}' {_UPDATE_FLAG}" if test else f"pytest {_UPDATE_FLAG}"
     label = f"baseline {name!r} of {test or '?'} ({provider} {dtype})".replace(" )", ")")
 

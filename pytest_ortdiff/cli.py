@@ -46,11 +46,11 @@ def _merge(args: argparse.Namespace) -> int:
     for name in args.files:
         path = Path(name)
         try:
-            data = ResultsFile.read(path)
+            data = _read_results(path)
         except ResultsFileError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {_printable(str(exc))}", file=sys.stderr)
             return 2
-        job = path.stem if args.label_from_file else ""
+        job = _printable(path.stem) if args.label_from_file else ""
 
         def labelled(test: str, job: str = job) -> str:
             return f"{test} ({job})" if job else test
@@ -65,7 +65,11 @@ def _merge(args: argparse.Namespace) -> int:
 
     rows.sort(key=order)
     table: list[CheckRow] = sorted(rows + uncovered, key=order)
-    print(render_table(table, markdown=args.markdown))
+    try:
+        print(render_table([_shown(r, args.markdown) for r in table], markdown=args.markdown))
+    except (ValueError, TypeError, OverflowError) as exc:  # a value _read_results let through and the table cannot show
+        print(f"error: cannot render the merged table: {exc}", file=sys.stderr)
+        return 2
     # (rows of files written before "xfailed" existed have only passed/failed)
     failed = sum(1 for r in rows if not r.ok)
     expected = sum(1 for r in rows if r.outcome == "xfailed")
@@ -77,9 +81,9 @@ def _merge(args: argparse.Namespace) -> int:
         print(f"{len(tests)} test(s): {counts['passed']} passed, {counts['failed']} failed, {counts['error']} error(s), {counts['skipped']} skipped{extra}")
     for t in tests:
         if t.outcome in ("failed", "error"):
-            print(f"{'failed' if t.outcome == 'failed' else 'errored'}: {t.test}" + (f": {t.message}" if t.message else ""))
+            print(f"{'failed' if t.outcome == 'failed' else 'errored'}: {_printable(t.test)}" + (f": {_printable(t.message)}" if t.message else ""))
     for sk in skips:
-        print(f"skipped: {sk.test or '?'}: {sk.reason}")
+        print(f"skipped: {_printable(sk.test or '?')}: {_printable(sk.reason)}")
     if args.output:
         try:
             ResultsFile(tuple(rows), tuple(skips), tuple(tests)).write(Path(args.output))
@@ -87,6 +91,82 @@ def _merge(args: argparse.Namespace) -> int:
             print(f"error: --output {args.output}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     return 1 if (failed or counts["failed"] or counts["error"]) and args.strict else 0
+
+
+#: fields of a row that must be a string (or null) and of its report that must be an integer (or null)
+_TEXT_FIELDS = ("test", "provider", "dtype", "worst", "tolerance", "outcome", "suffix", "message", "reason")
+_COUNT_FIELDS = ("n", "nan_mismatch", "inf_mismatch")
+
+
+def _read_results(path: Path) -> ResultsFile:
+    """ResultsFile.read, plus what it lets through: nesting too deep for the JSON parser, and values of
+    the wrong type (a number for a provider, a string for a count), each one ResultsFileError naming the
+    file, the row and the field — never a traceback."""
+    import json
+
+    try:
+        data = ResultsFile.read(path)
+    except RecursionError:
+        raise ResultsFileError(f"{path} is nested too deeply to be a JSON report written by --ortdiff-json") from None
+    raw = json.loads(path.read_text(encoding="utf-8"))  # read fine just above
+    if not isinstance(raw, Mapping):
+        return data
+    for key in ("results", "tests", "skips"):
+        items = raw.get(key) or []
+        for i, row in enumerate(items if isinstance(items, list) else ()):
+            if not isinstance(row, Mapping):
+                continue
+            for field in _TEXT_FIELDS:
+                value = row.get(field)
+                if value is not None and not isinstance(value, str):
+                    raise ResultsFileError(f"{path}: {key}[{i}] has {field!r} {_short(value)} ({type(value).__name__}); expected a string or null")
+            report = row.get("report")
+            if not isinstance(report, Mapping):
+                continue
+            for field in _COUNT_FIELDS:
+                value = report.get(field)
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                    raise ResultsFileError(f"{path}: {key}[{i}].report has {field!r} {_short(value)} ({type(value).__name__}); expected an integer")
+            counts = report.get("counts")
+            if counts is not None and not (isinstance(counts, Mapping) and all(isinstance(c, int) and not isinstance(c, bool) for c in counts.values())):
+                raise ResultsFileError(f"{path}: {key}[{i}].report has 'counts' {_short(counts)}; expected an object of integers")
+    return data
+
+
+def _short(value: Any) -> str:
+    text = _printable(repr(value))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# C0 and C1 controls (ESC starts every ANSI sequence), DEL, and the bidi overrides that reorder a line
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(text: str) -> str:
+    """`text` with every control character shown as an escape (`\\x1b`): a test id from a JSON file never
+    moves the cursor, recolours or rewrites the terminal."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _cell_text(text: str | None, markdown: bool) -> str | None:
+    if text is None:
+        return None
+    text = _printable(text)
+    return text.replace("\\", "\\\\").replace("|", "\\|") if markdown else text
+
+
+def _shown(row: CheckRow, markdown: bool) -> CheckRow:
+    """The row as the table shows it: control characters escaped, and in markdown `|` escaped (a `|` in a
+    test id would otherwise start a new column)."""
+    return replace(
+        row,
+        test=_cell_text(row.test, markdown) or "",
+        provider=_cell_text(row.provider, markdown),
+        dtype=_cell_text(row.dtype, markdown),
+        worst=_cell_text(row.worst, markdown) or "",
+        outcome=_cell_text(row.outcome, markdown),
+        ran_on_ort=tuple(_cell_text(op, markdown) or "" for op in row.ran_on_ort),
+    )
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -107,10 +187,13 @@ def _compare_or_raise(args: argparse.Namespace) -> int:
     from .providers import parse_provider, unavailable_reason
     from .runtimes.evaluator import MissingKernelError
 
+    if not 0 <= args.seed < 2**63:
+        raise _CompareError(f"--seed {args.seed}: expected an integer from 0 to 2**63-1")
     model = _load_checked(args.model)
     specs = input_specs(model)
     given = _load_feeds(args.feeds, specs) if args.feeds else {}
     dims = _parse_dims(args.dim or (), model, specs, given, args.feeds)
+    _check_drawable(specs, given, dims)
     ranges = _parse_ranges(args.input_range or (), specs, given, args.feeds)
     kernels = _parse_kernels(args.ort_kernel or (), model)
     dtype = _model_dtype(model)
@@ -122,7 +205,10 @@ def _compare_or_raise(args: argparse.Namespace) -> int:
     if why:
         raise _CompareError(f"--provider {args.provider}: {why}")
     checker = Checker(provider, dtype)
-    feeds = _draw_feeds(model, specs, given, dims, ranges, seed=args.seed, device=checker.device)
+    try:
+        feeds = _draw_feeds(model, specs, given, dims, ranges, seed=args.seed, device=checker.device)
+    except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError) as exc:  # what _check_drawable did not foresee
+        raise _CompareError(f"cannot draw feeds for {args.model}: {exc}; give the inputs' values with --feeds FILE.npz") from None
     notes = ""
     if given:
         notes += f"; feeds from {args.feeds}: {', '.join(given)}"
@@ -221,8 +307,8 @@ def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec]
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit():
             raise _CompareError(f"--dim {item!r}: expected NAME=VALUE with a positive integer, e.g. --dim batch=2")
-        if int(value) < 1:
-            raise _CompareError(f"--dim {item}: expected a positive integer, e.g. --dim {name}=2")
+        if not 1 <= int(value) <= _MAX_DIM:
+            raise _CompareError(f"--dim {item}: expected a positive integer up to {_MAX_DIM:,}, e.g. --dim {name}=2")
         if name not in known:
             where = f"its symbolic dims: {', '.join(known)}" if known else "its inputs have none"
             raise _CompareError(f"--dim {item}: the model has no symbolic dim {name!r}; {where}")
@@ -237,6 +323,36 @@ def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec]
             f"the model's inputs have symbolic dims {missing}: give each a value, e.g. " + " ".join(f"--dim {d}=2" for d in missing)
         )
     return dims
+
+
+#: the largest --dim, and the most elements compare draws for one input (1 GiB of float32): a declared
+#: 2**31 x 2**31 input is refused with a line, not attempted
+_MAX_DIM = 2**31 - 1
+_MAX_DRAWN_ELEMENTS = 2**28
+
+
+def _check_drawable(specs: Mapping[str, InputSpec], given: Mapping[str, Any], dims: Mapping[str, int]) -> None:
+    """Every input compare draws (those --feeds does not give) can be drawn: a numeric type, every dim
+    known (fixed, or a named dim with a value), and a size within _MAX_DRAWN_ELEMENTS."""
+    import math
+
+    how = "give its values with --feeds FILE.npz"
+    for name, spec in specs.items():
+        if name in given:
+            continue
+        dt = spec.dtype
+        if dt is None:
+            raise _CompareError(f"input {name!r} is {spec.describe()}: compare draws numeric tensors only; {how}, or compare a model with numeric inputs")
+        unnamed = [axis for axis, d in enumerate(spec.dims or ()) if d is None]
+        if unnamed:
+            raise _CompareError(f"input {name!r} ({spec.describe()}) has an unnamed dim (axis {unnamed[0]}), which --dim cannot set; {how}, or name the dim in the model")
+        shape = [d if isinstance(d, int) else dims.get(str(d), 1) for d in spec.dims or ()]
+        count = math.prod(shape)
+        if count > _MAX_DRAWN_ELEMENTS:
+            raise _CompareError(
+                f"input {name!r} ({spec.describe()}) would have {count:,} elements with shape {shape}: more than compare draws "
+                f"({_MAX_DRAWN_ELEMENTS:,}); give smaller dims with --dim, or {how}"
+            )
 
 
 def _parse_ranges(items: Sequence[str], specs: Mapping[str, InputSpec], given: Mapping[str, Any], feeds_file: str | None) -> dict[str, tuple[float, float]]:

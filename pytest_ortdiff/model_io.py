@@ -27,7 +27,9 @@ __all__ = [
     "check_model",
     "feed_dims",
     "input_specs",
+    "load_external_data",
     "load_model",
+    "parse_model",
     "session_input_specs",
 ]
 
@@ -50,30 +52,110 @@ class InvalidModelError(ValueError):
 
 
 def load_model(model: Any) -> onnx.ModelProto:
-    """A ModelProto from a ModelProto (as is), a path, or serialized bytes.
+    """A ModelProto from a ModelProto (as is), a path, or serialized bytes: the one loader of every entry
+    point (TorchEvaluator, check, the compare command).
 
-    FileNotFoundError for a path that does not exist, ModelLoadError for bytes that are not an ONNX model,
-    TypeError for anything else."""
+    FileNotFoundError for a path that does not exist, ModelLoadError naming the file and the problem for
+    bytes that are not an ONNX model and for external data that is missing, not a regular file, or
+    outside the model's directory (symlinks included: see `load_external_data`), TypeError for anything
+    else."""
     __tracebackhide__ = True  # pytest shows the caller's line, not ours
     import onnx
-    from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
         return model
-    if isinstance(model, bytes | bytearray):
-        try:
-            return onnx.load_model_from_string(bytes(model))
-        except DecodeError as exc:
-            raise ModelLoadError(f"cannot load the model's bytes: not an ONNX model ({exc})") from None
+    if isinstance(model, bytes | bytearray | memoryview):
+        return parse_model(bytes(model), "the model's bytes")
     if isinstance(model, str | Path):
         path = Path(model)
         if not path.exists():
             raise FileNotFoundError(f"model file {str(path)!r} does not exist")
-        try:
-            return onnx.load(str(path))
-        except DecodeError as exc:
-            raise ModelLoadError(f"cannot load {str(model)!r}: not an ONNX model ({exc})") from None
+        if path.is_dir():
+            raise ModelLoadError(f"cannot load {str(path)!r}: it is a directory; pass the .onnx file in it")
+        if path.suffix in (".onnxtxt", ".textproto", ".json"):  # onnx's text formats, by onnx's own rule
+            try:
+                proto = onnx.load_model(str(path), load_external_data=False)
+            except Exception as exc:  # each format's parser has its own errors: one message, the file named
+                raise ModelLoadError(f"cannot load {str(path)!r}: not an ONNX model ({type(exc).__name__}: {exc})") from None
+            _require_graph(proto, repr(str(path)), path.stat().st_size)
+        else:
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise ModelLoadError(f"cannot read model file {str(path)!r}: {exc.strerror or exc}") from None
+            proto = parse_model(data, repr(str(path)))
+        load_external_data(proto, path)
+        return proto
     raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def parse_model(data: bytes, what: str = "the model's bytes") -> onnx.ModelProto:
+    """Serialized bytes -> ModelProto; ModelLoadError naming `what` (a file name, quoted) when they are
+    not an ONNX model (protobuf's DecodeError never escapes, nor does a message without a graph)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load {what}: not an ONNX model ({exc})") from None
+    _require_graph(proto, what, len(data))
+    return proto
+
+
+def _require_graph(proto: onnx.ModelProto, what: str, size: int) -> None:
+    # almost any bytes parse as some protobuf message: one without a graph is not a model
+    if not proto.HasField("graph"):
+        raise ModelLoadError(f"cannot load {what}: not an ONNX model ({size:,} bytes holding no graph)")
+
+
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return [t for t in _get_all_tensors(model) if uses_external_data(t)]
+
+
+def load_external_data(model: onnx.ModelProto, path: str | Path) -> None:
+    """Read the external data of `model`, loaded from `path`, into it — only from regular files inside
+    the model's directory reached without a symlink (onnx < 1.21 followed them out of it:
+    CVE-2026-27489); ModelLoadError naming the tensor, the file and the fix otherwise."""
+    import os
+
+    tensors = _external_tensors(model)
+    if not tensors:
+        return
+    path = Path(path)
+    base = path.parent
+    real_base = Path(os.path.realpath(base))
+    where = f"model {str(path)!r}"
+    for tensor in tensors:
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        subject = f"{where}: tensor {tensor.name!r} keeps its data in {location!r}"
+        rel = Path(location)
+        if not location or rel.is_absolute() or rel.drive or ".." in rel.parts:
+            raise ModelLoadError(f"{subject}, which is not a file inside the model's directory {str(base)!r}; external data must sit next to the model (or below it)")
+        full = base / rel
+        if not os.path.lexists(full):
+            raise ModelLoadError(f"{subject}, which does not exist next to the model (in {str(base)!r}); copy the data file there with the model")
+        # every component below the model's directory, the file included: a symlink anywhere may lead out
+        step = base
+        for part in rel.parts:
+            step = step / part
+            if step.is_symlink():
+                raise ModelLoadError(f"{subject}: {str(step)!r} is a symbolic link; external data is read only from files in the model's directory: copy the file itself there")
+        real = Path(os.path.realpath(full))
+        if real != real_base and real_base not in real.parents:
+            raise ModelLoadError(f"{subject}, which resolves outside the model's directory {str(base)!r}; copy the file into it")
+        if not full.is_file():
+            raise ModelLoadError(f"{subject}, which is not a regular file")
+    from onnx.external_data_helper import load_external_data_for_model
+
+    try:
+        load_external_data_for_model(model, str(real_base))  # checked above; onnx >= 1.21 refuses any symlink on the way
+    except Exception as exc:  # onnx's own checks and I/O (a short file, a bad offset): one message, the file named
+        raise ModelLoadError(f"{where}: cannot read its external data ({type(exc).__name__}: {exc})") from None
 
 
 @dataclass(frozen=True)
@@ -174,10 +256,20 @@ class InputSpec:
     def describe(self) -> str:
         """"float16[a, b, c]"."""
         dt = self.dtype
-        name = dt.short if dt is not None else f"type {self.elem_type}"
+        name = dt.short if dt is not None else _type_name(self.elem_type)
         if self.dims is None:
             return name
         return f"{name}[{', '.join('?' if d is None else str(d) for d in self.dims)}]"
+
+
+def _type_name(elem_type: int) -> str:
+    """onnx's name of an element type no DType covers ("string"), else "type N"."""
+    import onnx
+
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type else "type 0"
+    except ValueError:
+        return f"type {elem_type}"
 
 
 def input_specs(model: onnx.ModelProto) -> dict[str, InputSpec]:

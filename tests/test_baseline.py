@@ -7,9 +7,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import subprocess
+import sys
 import threading
+import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -308,8 +313,9 @@ def test_atomic_writes_never_expose_half_a_file(tmp_path: Path) -> None:
 
 def test_file_names_are_safe_and_bounded() -> None:
     assert B.baseline_test_name("tests/test_x.py::TestA::test_b[CPU-float32]") == "TestA.test_b[CPU-float32]"
+    assert B.baseline_path("d", "test_a[CPU-float32]", "logits").name == "test_a[CPU-float32].logits.npz"  # kept as it is
     p = B.baseline_path("d", "test_a[CPU-float32]", "my model/v2")
-    assert p.name == "test_a[CPU-float32].my_model_v2.npz"
+    assert p.name.startswith("test_a[CPU-float32].my_model_v2~") and p.name.endswith(".npz")  # readable, marked as changed
     long = B.baseline_path("d", "test_" + "x" * 300, "y")
     assert len(long.name) < 200
     assert long != B.baseline_path("d", "test_" + "x" * 299 + "z", "y")
@@ -559,3 +565,140 @@ def test_a_changed_shape_is_a_failed_summary_row_and_a_non_tensor_is_a_type_erro
     rows = json.loads((pytester.path / "job.json").read_text())["results"]
     assert [(r["test"], r["outcome"]) for r in rows] == [("test_s.py::test_shape[CPU-float32] [baseline v]", "failed")]
     assert not list(pytester.path.rglob("*.bt.*"))
+
+
+# -- adversarial files (issue 12) ---------------------------------------------------------------------
+
+
+def _rezip(raw: bytes, edit: dict[str, bytes | None]) -> bytes:
+    """The archive with members replaced (bytes), removed (None) or added."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(raw)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            if info.filename not in edit:
+                dst.writestr(info.filename, src.read(info.filename))
+        for name, data in edit.items():
+            if data is not None:
+                dst.writestr(name, data)
+    return out.getvalue()
+
+
+def _npy_header(header: str) -> bytes:
+    body = header.encode("latin1")
+    pad = 63 - (10 + len(body)) % 64
+    return b"\x93NUMPY\x01\x00" + (len(body) + pad + 1).to_bytes(2, "little") + body + b" " * pad + b"\n"
+
+
+def _member_offsets(raw: bytes, name: str) -> tuple[int, int]:
+    """(local header, central directory entry) offsets of a member."""
+    with zipfile.ZipFile(io.BytesIO(raw)) as z:
+        local = z.getinfo(name).header_offset
+    central = next(off for off in range(len(raw)) if raw[off : off + 4] == b"PK\x01\x02" and raw[off + 46 : off + 46 + len(name)] == name.encode())
+    return local, central
+
+
+def _damaged(raw: bytes, damage: str) -> bytes:
+    with zipfile.ZipFile(io.BytesIO(raw)) as z:
+        info = z.getinfo("full_0.npy")
+        member = z.read("full_0.npy")
+    local = info.header_offset
+    start = local + 30 + int.from_bytes(raw[local + 26 : local + 28], "little") + int.from_bytes(raw[local + 28 : local + 30], "little")
+    bad = bytearray(raw)
+    if damage == "zlib":  # a deflate block of the reserved type: zlib.error
+        bad[start] = 0x07
+    elif damage == "token":  # an edited .npy header that does not tokenize
+        return _rezip(raw, {"full_0.npy": _npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (100,), 'x': '''") + member[128:]})
+    elif damage == "method":  # a compression method zipfile does not implement
+        local, central = _member_offsets(raw, "full_0.npy")
+        bad[local + 8 : local + 10] = bad[central + 10 : central + 12] = (99).to_bytes(2, "little")
+    elif damage == "huge_header":  # a header claiming 2**40 elements: refused before any allocation
+        return _rezip(raw, {"full_0.npy": _npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }") + member[128:]})
+    elif damage == "bad_dtype":  # the same bits under another dtype: the same sha256, another meaning
+        return _rezip(raw, {"full_0.npy": member.replace(b"'<f4'", b"'<i4'")})
+    return bytes(bad)
+
+
+@pytest.mark.parametrize("damage", ["zlib", "token", "method", "huge_header", "bad_dtype"])
+def test_any_damage_is_corrupted_and_update_replaces_it(tmp_path: Path, damage: str) -> None:
+    """Item 7: zlib.error, TokenError, NotImplementedError, ValueError, MemoryError all become
+    "corrupted", naming the file; --ortdiff-update-baselines then replaces the file."""
+    path = write_baseline(tmp_path / "t.x.npz", {"Y": torch.arange(100.0)}, test="t.py::t", name="x", env=FAKE_ENV)
+    bad = _damaged(path.read_bytes(), damage)
+    path.write_bytes(bad)
+    with pytest.raises(CorruptBaselineError) as info:
+        load_baseline(path)
+    assert info.value.path == path and str(path) in str(info.value)
+    out = check_baseline(path, torch.arange(100.0), test="t.py::t", name="x")
+    assert (out.action, out.passed) == ("corrupted", False) and path.read_bytes() == bad
+    out = check_baseline(path, torch.arange(100.0), test="t.py::t", name="x", update=True)
+    assert (out.action, out.passed) == ("replaced corrupted", True)
+    assert load_baseline(path).outputs["output"].tensor is not None
+
+
+def test_an_unreadable_file_is_not_corrupted_and_never_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "t.x.npz"
+    path.mkdir()  # stands for any file that cannot be read (permissions, I/O error): it may be good
+    with pytest.raises(OSError):
+        check_baseline(path, torch.ones(2), test="t.py::t", name="x", update=True)
+    assert path.is_dir()
+
+
+def test_only_referenced_members_are_inflated_with_a_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 13: a bomb member the metadata never names is never inflated; a named member larger than its
+    shape x itemsize is refused before it is."""
+    path = write_baseline(tmp_path / "t.x.npz", {"Y": torch.arange(10.0)}, env=FAKE_ENV)
+    raw = path.read_bytes()
+    bomb = b"\0" * (8 << 20)  # 8 MiB of zeros, ~8 kB compressed
+    inflated: list[str] = []
+    real_open = zipfile.ZipFile.open
+
+    def spy(self: zipfile.ZipFile, name: Any, *args: Any, **kwargs: Any) -> Any:
+        inflated.append(name if isinstance(name, str) else name.filename)
+        return real_open(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", spy)
+    path.write_bytes(_rezip(raw, {"bomb.npy": bomb}))
+    inflated.clear()
+    assert load_baseline(path).outputs["Y"].tensor is not None
+    assert "bomb.npy" not in inflated
+    path.write_bytes(_rezip(raw, {"full_0.npy": _npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (10,), }") + bomb}))
+    inflated.clear()
+    with pytest.raises(CorruptBaselineError, match="more than the 40 bytes of data its metadata gives it"):
+        load_baseline(path)
+    assert "full_0.npy" not in inflated  # refused from the zip directory's size alone
+
+
+def test_names_are_injective_and_old_names_are_still_read(tmp_path: Path) -> None:
+    """Item 14: `a/b` and `a_b` get two files; a baseline stored under the old name is found when its
+    metadata says it is this test's, never when it is another's."""
+    a = B.baseline_path(tmp_path, "test_x[a/b]", "out")
+    b = B.baseline_path(tmp_path, "test_x[a_b]", "out")
+    assert a != b and b.name == "test_x[a_b].out.npz"
+    assert B.baseline_path(tmp_path, "T.t", "a.b") != B.baseline_path(tmp_path, "T.t.a", "b")
+    # the old naming put test_x[a/b] in test_x[a_b].out.npz
+    write_baseline(b, torch.ones(2), test="m.py::test_x[a/b]", name="out", env=FAKE_ENV)
+    assert B.baseline_path(tmp_path, "test_x[a/b]", "out") == b  # found under its old name
+    assert B.baseline_path(tmp_path, "test_x[a_b]", "out") == b  # and that name is still test_x[a_b]'s own
+    write_baseline(b, torch.ones(2), test="m.py::test_x[a_b]", name="out", env=FAKE_ENV)
+    assert B.baseline_path(tmp_path, "test_x[a/b]", "out") == a  # another test's file: never used
+
+
+def test_stale_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
+    """Item 15: a killed writer's temporary file goes (its pid is gone, or it is old); a live writer's
+    fresh one and every baseline stay."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    keep = write_baseline(tmp_path / "t.x.npz", torch.ones(2), env=FAKE_ENV)
+    old = tmp_path / ".t.x.npz.abc123.tmp"
+    gone = tmp_path / f".t.y.npz.pid{dead.stdout.strip()}.abc.tmp"
+    live = tmp_path / f".t.z.npz.pid{os.getpid()}.abc.tmp"
+    fresh = tmp_path / ".t.x.json.zz9.tmp"
+    for p in (old, gone, live, fresh):
+        p.write_bytes(keep.read_bytes())
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    assert sorted(B.clean_stale_temp_files(tmp_path)) == sorted([old, gone])
+    assert live.exists() and fresh.exists() and keep.exists() and (tmp_path / "t.x.json").exists()
+    # check_baseline cleans its directory (once per process) before it reads
+    os.utime(fresh, (time.time() - 3600, time.time() - 3600))
+    B._CLEANED.discard(tmp_path.absolute())
+    assert check_baseline(keep, torch.ones(2), test="t.py::t").passed
+    assert not fresh.exists()

@@ -315,7 +315,7 @@ def _one_node(path: Path, op: str, *, domain: str = "", **attrs: object) -> Path
         ("bad-attribute", ["--dim", "a=2"], "error: {path} fails onnx.checker: Unrecognized attribute: bogus for operator Relu (Bad node spec for node. Name: OpType: Relu); fix the graph\n"),
         ("garbage", ["--dim", "a=2"], "error: cannot load {path!r}: not an ONNX model (Error parsing message with type 'onnx.ModelProto': Wire format was corrupt)\n"),
         ("relu", ["--dim", "a=2", "--dim", "batch=3"], "error: --dim batch=3: the model has no symbolic dim 'batch'; its symbolic dims: a\n"),
-        ("relu", ["--dim", "a=0"], "error: --dim a=0: expected a positive integer, e.g. --dim a=2\n"),
+        ("relu", ["--dim", "a=0"], "error: --dim a=0: expected a positive integer up to 2,147,483,647, e.g. --dim a=2\n"),
         ("relu", ["--dim", "a=2", "--ort-kernel", "Gelu"], "error: --ort-kernel Gelu: the model has no Gelu node; its ops: Relu\n"),
         ("relu", ["--dim", "a=2", "--ort-kernel", "::"], "error: --ort-kernel '::': expected OP or DOMAIN::OP, e.g. --ort-kernel LayerNormalization or --ort-kernel com.microsoft::FusedMatMul\n"),
     ],
@@ -608,3 +608,117 @@ def test_conformance_help_lists_its_options(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m pytest_ortdiff conformance [-h] [--op OP] [-k PATTERN] [-v]\n")
     assert "Exit status 1 when a case is wrong" in " ".join(out.split())
+
+
+# -- bad input from anyone (issue 12) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"provider": 1}, "results[0] has 'provider' 1 (int); expected a string or null"),
+        ({"dtype": ["float32"]}, "results[0] has 'dtype' ['float32'] (list); expected a string or null"),
+        ({"report": {"n": 4, "nan_mismatch": "many", "counts": {}}}, "results[0].report has 'nan_mismatch' 'many' (str); expected an integer"),
+        ({"report": {"n": 4, "counts": {"0.0": 1.5}}}, "results[0].report has 'counts' {'0.0': 1.5}; expected an object of integers"),
+        (None, "is nested too deeply to be a JSON report written by --ortdiff-json"),
+    ],
+    ids=["provider-int", "dtype-list", "count-str", "count-float", "deep"],
+)
+def test_merge_wrongly_typed_or_deep_json_is_one_error_line(tmp_path: Path, cli: Callable[..., Any], content: dict | None, message: str) -> None:
+    """Item 8: one `error:` line and exit 2, never a traceback and exit 1."""
+    path = tmp_path / "job.json"
+    if content is None:
+        path.write_text('{"results": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    else:
+        _write(path, [{**_row("t.py::a", "float32", True), **content}])
+    argv = ["merge", str(path)]
+    try:
+        rc = main(argv)
+    except BaseException as exc:
+        pytest.fail(f"{argv} raised {type(exc).__name__}: {exc}")
+    assert rc == 2
+    out = cli(*argv)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr in (f"error: {path}: {message}\n", f"error: {path} {message}\n")
+
+
+def test_merge_escapes_pipes_in_markdown_and_control_characters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 8: a `|` in a test id stays in its column; an ANSI escape in an id never reaches the terminal."""
+    path = _write(tmp_path / "job.json", [_row("t.py::test_a[x|y]", "float32", True), _row("t.py::test_b[\x1b[2J\x1b[31m]", "float32", False)])
+    assert main(["merge", str(path), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    assert all(line.replace("\\|", "").count("|") == 8 for line in lines), lines
+    assert "| t.py::test_a[x\\|y] |" in out and "t.py::test_b[\\\\x1b[2J\\\\x1b[31m]" in out
+    assert main(["merge", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "t.py::test_b[\\x1b[2J\\x1b[31m]" in out and "t.py::test_a[x|y]" in out
+
+
+def _relu_model(path: Path, dims: list[Any], elem_type: int = TensorProto.FLOAT) -> Path:
+    op = "Identity" if elem_type == TensorProto.STRING else "Relu"
+    graph = helper.make_graph(
+        [helper.make_node(op, ["X"], ["Y"])], "g", [helper.make_tensor_value_info("X", elem_type, dims)], [helper.make_tensor_value_info("Y", elem_type, dims)]
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+def _external_model(directory: Path) -> Path:
+    """A model whose initializer W lives in `model.onnx.data` next to it."""
+    directory.mkdir()
+    w = numpy_helper.from_array(np.ones((2, 2), np.float32), "W")
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 2]) for n in "XY")
+    model = helper.make_model(helper.make_graph([helper.make_node("Add", ["X", "W"], ["Y"])], "g", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 18)])
+    path = directory / "model.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "message"),
+    [
+        ("data-missing", [], "error: model '{path}': tensor 'W' keeps its data in 'model.onnx.data', which does not exist next to the model"),
+        ("data-symlink", [], "error: model '{path}': tensor 'W' keeps its data in 'model.onnx.data': '{dir}/model.onnx.data' is a symbolic link;"),
+        ("data-escapes", [], "error: model '{path}': tensor 'W' keeps its data in '../secret.bin', which is not a file inside the model's directory"),
+        ("unnamed-dim", [], "error: input 'X' (float32[?, 4]) has an unnamed dim (axis 0), which --dim cannot set; give its values with --feeds FILE.npz"),
+        ("string", [], "error: input 'X' is string[2]: compare draws numeric tensors only"),
+        ("huge", [], "error: input 'X' (float32[2147483648, 2147483648]) would have 4,611,686,018,427,387,904 elements"),
+        ("relu", ["--dim", "a=2", "--seed", str(2**70)], f"error: --seed {2**70}: expected an integer from 0 to 2**63-1"),
+        ("relu", ["--dim", f"a={2**70}"], f"error: --dim a={2**70}: expected a positive integer up to 2,147,483,647"),
+    ],
+    ids=["data-missing", "data-symlink", "data-escapes", "unnamed-dim", "string", "huge", "seed-70-bit", "dim-70-bit"],
+)
+def test_compare_hostile_models_and_arguments_are_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, args: list[str], message: str
+) -> None:
+    """Item 9: each one `error:` line and exit 2 (a traceback and exit 1 before)."""
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.full(4, 7, np.float32).tobytes())
+    if case.startswith("data-"):
+        path = _external_model(tmp_path / "m")
+        data = path.parent / "model.onnx.data"
+        data.unlink()
+        if case == "data-symlink":
+            data.symlink_to(secret)
+        elif case == "data-escapes":
+            proto = onnx.load(str(path), load_external_data=False)
+            proto.graph.initializer[0].external_data[0].value = "../secret.bin"
+            onnx.save(proto, str(path))
+    elif case == "unnamed-dim":
+        path = _relu_model(tmp_path / "m.onnx", [None, 4])
+    elif case == "string":
+        path = _relu_model(tmp_path / "m.onnx", [2], TensorProto.STRING)
+    elif case == "huge":
+        path = _relu_model(tmp_path / "m.onnx", [2**31, 2**31])
+    else:
+        path = _relu_model(tmp_path / "m.onnx", ["a", 4])
+    argv = ["compare", str(path), *args]
+    try:
+        rc = main(argv)
+    except BaseException as exc:
+        pytest.fail(f"{argv} raised {type(exc).__name__}: {exc}")
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(message.format(path=path, dir=path.parent)), err

@@ -1,0 +1,101 @@
+"""model_io.load_model, the one loader: what is not an ONNX model is one ModelLoadError naming the file
+and the problem (never protobuf's DecodeError), and external data is read only from regular files inside
+the model's directory, reached without a symlink (issue 12, items 12 and 19)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pytest_ortdiff.model_io import ModelLoadError, load_model
+
+W = np.arange(4, dtype=np.float32).reshape(2, 2)
+
+
+def _external_model(directory: Path, location: str = "model.onnx.data") -> Path:
+    """A model whose initializer W lives in `location`, relative to the model's directory."""
+    (directory / location).parent.mkdir(parents=True, exist_ok=True)
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 2]) for n in "XY")
+    graph = helper.make_graph([helper.make_node("Add", ["X", "W"], ["Y"])], "g", [x], [y], [numpy_helper.from_array(W, "W")])
+    path = directory / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path), save_as_external_data=True, location=location, size_threshold=0)
+    return path
+
+
+def _relocate(path: Path, location: str) -> None:
+    proto = onnx.load(str(path), load_external_data=False)
+    proto.graph.initializer[0].external_data[0].value = location
+    onnx.save(proto, str(path))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\xff\xfe location, but not a model", "not an ONNX model (Error parsing message"),
+        (b"\x08\x07", "not an ONNX model (2 bytes holding no graph)"),
+    ],
+    ids=["garbage", "protobuf-without-graph"],
+)
+def test_bytes_that_are_not_a_model_name_the_file_and_the_problem(tmp_path: Path, data: bytes, message: str) -> None:
+    path = tmp_path / "model.onnx"
+    path.write_bytes(data)
+    with pytest.raises(ModelLoadError, match=re.escape(f"cannot load {str(path)!r}: {message}")):
+        load_model(path)
+    with pytest.raises(ModelLoadError, match=r"^cannot load the model's bytes: not an ONNX model"):
+        load_model(memoryview(data))
+
+
+def test_a_directory_is_not_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"it is a directory; pass the \.onnx file in it"):
+        load_model(tmp_path)
+
+
+def test_external_data_next_to_the_model_loads(tmp_path: Path) -> None:
+    path = _external_model(tmp_path / "m", "weights/w.bin")
+    link = tmp_path / "via-link"
+    link.symlink_to(path.parent)  # the model's own directory may be reached through a symlink
+    for p in (path, link / "model.onnx"):
+        np.testing.assert_array_equal(numpy_helper.to_array(load_model(p).graph.initializer[0]), W)
+
+
+@pytest.mark.parametrize("case", ["missing", "symlink", "symlinked-dir", "dotdot", "absolute", "directory"])
+def test_external_data_outside_the_model_directory_is_refused(tmp_path: Path, case: str) -> None:
+    """Item 19: never read outside the model's directory, whatever onnx version is installed."""
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.full(4, 7, np.float32).tobytes())
+    path = _external_model(tmp_path / "m", "sub/model.onnx.data" if case == "symlinked-dir" else "model.onnx.data")
+    data = path.parent / "model.onnx.data"
+    expected = {
+        "missing": "which does not exist next to the model",
+        "symlink": "is a symbolic link",
+        "symlinked-dir": "is a symbolic link",
+        "dotdot": "which is not a file inside the model's directory",
+        "absolute": "which is not a file inside the model's directory",
+        "directory": "which is not a regular file",
+    }[case]
+    if case == "missing":
+        data.unlink()
+    elif case == "symlink":
+        data.unlink()
+        data.symlink_to(secret)
+    elif case == "symlinked-dir":
+        sub = path.parent / "sub"
+        (tmp_path / "outside").mkdir()
+        os.replace(sub / "model.onnx.data", tmp_path / "outside" / "model.onnx.data")
+        sub.rmdir()
+        sub.symlink_to(tmp_path / "outside")
+    elif case == "dotdot":
+        _relocate(path, "../secret.bin")
+    elif case == "absolute":
+        _relocate(path, str(secret))
+    else:
+        data.unlink()
+        data.mkdir()
+    with pytest.raises(ModelLoadError, match=f"^model {str(path)!r}: tensor 'W' keeps its data in .*{expected}"):
+        load_model(path)
