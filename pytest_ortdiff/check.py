@@ -17,6 +17,7 @@ from .dtypes import dtype_of
 from .model_io import CheckedModel, check_feeds, check_model, load_model
 from .providers import KNOWN, parse_provider, torch_device
 from .results import CheckRow, closer_to_oracle
+from .selection import trim_cache
 from .tolerance import Tolerance, Violation
 
 if TYPE_CHECKING:
@@ -379,17 +380,17 @@ class Checker:
         from .runtimes.evaluator import TorchEvaluator
 
         key = (model.digest, self.device, runtime, _kernels_key(kernels), missing)
-        ev = _EVALUATORS.get(key)
-        if ev is not None:
+        cached = _EVALUATORS.get(key)
+        if cached is not None:
             _EVALUATORS.move_to_end(key)
-            return ev
+            return cached[0]
         extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
         ev = TorchEvaluator(
             model.proto, device=self.device, kernels=kernels, compute_dtype=torch.float64 if runtime == "float64" else None, check_model=False, **extra
         )
-        _EVALUATORS[key] = ev
-        while len(_EVALUATORS) > _EVALUATORS_MAX:
-            _EVALUATORS.popitem(last=False)
+        # an evaluator holds the model's weights as tensors: float64 copies for the oracle
+        _EVALUATORS[key] = (ev, len(model.data) * (2 if runtime == "float64" else 1))
+        trim_cache(_EVALUATORS)
         return ev
 
     # -- judging -------------------------------------------------------------------------------
@@ -574,8 +575,8 @@ class Checker:
 # ------------------------------------------------------------------------------------------------
 # helpers
 
-_EVALUATORS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-_EVALUATORS_MAX = 32
+# key -> (evaluator, its weights' bytes), bounded by bytes as onnxruntime's sessions are (selection.trim_cache)
+_EVALUATORS: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
 
 
 def _as_tolerance(tolerance: ToleranceLike) -> Tolerance:

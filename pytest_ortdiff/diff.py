@@ -156,6 +156,8 @@ def _threshold_key(t: float) -> str:
 def _json_float(x: float | None) -> float | str | None:
     if x is None:
         return None
+    if isinstance(x, int) and not isinstance(x, bool):
+        return x  # an integer output's value: exact in JSON, where a float64 may not hold it
     if math.isnan(x) or math.isinf(x):
         return str(x)
     return float(x)
@@ -351,12 +353,16 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
             f"got {str(g.dtype).replace('torch.', '')} (shape {tuple(e.shape)}); cast one side first "
             "(e.g. the float64 oracle to the tested dtype)"
         )
+    dt = dtype_of(e.dtype)
+    # integers and bools compare on the host, exactly (`_integer_chunk`): whichever path was asked for, so
+    # every path gives the same counts (integer outputs are indices and masks, small next to activations)
     path = route.path or ("numpy" if e.device.type == "cpu" else "torch")
+    if not dt.is_floating_point:
+        path = "numpy"
     if path == "numpy" and e.device.type != "cpu":
         e = e.cpu()
     if e.device != g.device:
         g = g.to(e.device)
-    dt = dtype_of(e.dtype)
     stats = _Stats(dt, thr, tol)
     ef = e.reshape(-1)
     gf = g.reshape(-1)
@@ -493,8 +499,8 @@ class _Stats:
             max_ulp=self.max_ulp if self.floating else max_abs,
             mean_abs=self.sum_abs / n if n else 0.0,
             argmax=_unravel(idx, shape) if n else None,
-            expected_at_max=float(ef[idx]) if n else None,
-            got_at_max=float(gf[idx]) if n else None,
+            expected_at_max=_value_at(ef, idx, self.floating) if n else None,
+            got_at_max=_value_at(gf, idx, self.floating) if n else None,
             nan_mismatch=self.nan_mismatch,
             inf_mismatch=self.inf_mismatch,
             thresholds=self.thr,
@@ -502,6 +508,13 @@ class _Stats:
             out_of_tolerance=self.oot if self.tol is not None else None,
             tolerance=self.tol,
         )
+
+
+def _value_at(x: torch.Tensor, i: int, floating: bool) -> float | int:
+    """An element for the report: a float, or an int for integer dtypes (a 64-bit one may not fit a float)."""
+    if floating or x.dtype == torch.bool:
+        return float(x[i])
+    return int(x[i : i + 1].cpu().numpy()[0])  # (torch's item() refuses uint64 >= 2**63)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -578,7 +591,7 @@ def _numpy_range(ef: torch.Tensor, gf: torch.Tensor, lo: int, hi: int, chunk: in
             e_np, g_np = ef.numpy(), gf.numpy()
             for start in range(lo, hi, chunk):
                 stop = min(hi, start + chunk)
-                _exact_chunk(e_np[start:stop].astype(st.np_work), g_np[start:stop].astype(st.np_work), None, None, start, st)
+                _integer_chunk(e_np[start:stop], g_np[start:stop], start, st)
             return
         bits = _BITS[st.dt]
         e_bits, g_bits = ef.view(bits).numpy(), gf.view(bits).numpy()
@@ -860,7 +873,7 @@ def _tolerance_chunk(ew: np.ndarray, d: np.ndarray, st: _Stats, bufs: _Buffers, 
 
 def _exact_chunk(ew: np.ndarray, gw: np.ndarray, eb: np.ndarray | None, gb: np.ndarray | None, start: int, st: _Stats) -> None:
     """Every rule with explicit masks, in float64: chunks with NaN/Inf (or an overflowing
-    difference), and integer/bool tensors."""
+    difference)."""
     k = ew.size
     d = np.abs(ew - gw)
     mis: np.ndarray | None = None
@@ -898,6 +911,34 @@ def _exact_chunk(ew: np.ndarray, gw: np.ndarray, eb: np.ndarray | None, gb: np.n
         if mis is not None:
             out &= ~mis
         st.oot += int(np.count_nonzero(out)) + n_mis
+
+
+_TWO_64 = float(2**64)
+
+
+def _integer_chunk(e: np.ndarray, g: np.ndarray, start: int, st: _Stats) -> None:
+    """Integer and bool elements, exactly: |e - g| as a 64-bit unsigned integer (in float64, 2**53 + 1
+    and 2**53 would be equal), each threshold and allclose bound compared with it as an integer."""
+    if e.dtype == np.bool_:
+        e, g = e.view(np.uint8), g.view(np.uint8)
+    # max - min, both cast to uint64 (two's complement, modulo 2**64): the true difference, < 2**64
+    d = np.maximum(e, g).astype(np.uint64) - np.minimum(e, g).astype(np.uint64)
+    for i, t in enumerate(st.thr):
+        if t < _TWO_64:  # d > t <=> d > floor(t) for an integer d; nothing is above 2**64 - 1
+            st.counts[i] += int(np.count_nonzero(d > np.uint64(math.floor(t))))
+    i = int(d.argmax())
+    st.see_max(float(d[i]), start + i)
+    d64 = d.astype(np.float64)  # the report's numbers (max, mean, ratio): rounded, never counted
+    st.sum_abs += float(d64.sum())
+    pos = d > 0
+    if pos.any():
+        st.max_rel = max(st.max_rel, _rel_exact(d64[pos], e[pos], st.tiny))
+    if st.tol is not None:
+        atol, rtol = st.tol
+        bound = np.floor(atol + rtol * np.abs(e.astype(np.float64)))  # numpy's allclose bound, in float64
+        inside = bound >= _TWO_64  # (2**64 - 1 rounds to 2**64 in float64: such a bound holds every d)
+        limit = np.where(inside, 0.0, bound).astype(np.uint64)
+        st.oot += int(np.count_nonzero((d > limit) & ~inside))
 
 
 def _ulp_exact(eb: np.ndarray, gb: np.ndarray) -> float:

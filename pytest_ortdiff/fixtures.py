@@ -176,7 +176,7 @@ class OrtDiff:
             except OrtDiffFailure as exc:
                 failures.append(str(exc))
         repro = self._marker_reproducible() if reproducible is None else reproducible
-        if repro:
+        if repro is True or isinstance(repro, Mapping):  # ({} asks for it too, with the defaults)
             try:
                 args = dict(repro) if isinstance(repro, Mapping) else {}
                 self.check_reproducible(model, feeds, **{"kernels": kernels, "missing": missing, **args})

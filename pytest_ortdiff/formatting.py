@@ -86,6 +86,8 @@ def shortest(x: Any, dtype: str) -> str:
     shortest round trip, as numpy's repr of a float32 or float16): two different values never print alike."""
     if x is None:
         return "-"
+    if isinstance(x, int) and not isinstance(x, bool):
+        return str(x)  # exact: int64 values above 2**53 would round through a float
     x = float(x)
     if math.isnan(x) or math.isinf(x):
         return str(x)

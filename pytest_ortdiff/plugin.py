@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from . import selection
-from .dtypes import TESTABLE, parse_dtype
+from .dtypes import TESTABLE, dtype_of, parse_dtype
 from .fixtures import _ortdiff_case, ort_dtype, ort_provider, ortdiff
-from .providers import parse_provider
+from .providers import KNOWN, parse_provider
 from .results import SkipRow
 from .session import CASE_KEY, SKIP_KEY, RunResults
 from .tolerance import Tolerance
@@ -130,6 +130,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("ortdiff_baseline_dir", "directory for baselines (as --ortdiff-baseline-dir), relative to the ini file", default="")
     parser.addini("ortdiff_baseline_max_elements", "outputs with more elements are stored as a summary (checksum, quantiles, sample); default 65536", default="")
+    parser.addini(
+        "ortdiff_cache_mb",
+        f"MiB of models each cache (onnxruntime sessions, torch evaluators) keeps, least recently used out first; "
+        f"default {selection.DEFAULT_CACHE_MB}; ${selection.CACHE_ENV} overrides it",
+        default="",
+    )
     parser.addini("ortdiff_providers", "comma list of providers (as --ort-providers)", default="")
     parser.addini("ortdiff_dtypes", "comma list of dtypes (as --ort-dtypes)", default="")
     parser.addini("ortdiff_skip_unavailable", "skip unavailable providers (as --ort-skip-unavailable)", type="bool", default=False)
@@ -163,11 +169,24 @@ def _parse_providers(names: list[str], source: str) -> tuple[list[str], bool]:
 
 
 def _testable_dtype(name: Any) -> str:
-    """The short name of a dtype the checks can run in; ValueError naming the valid ones otherwise."""
-    d = parse_dtype(name).short
+    """The short name of a dtype the checks can run in: a name, or a torch/numpy dtype object (they name
+    one dtype each; an int could be an onnx code or anything else, so it is not taken). ValueError naming
+    the valid ones otherwise."""
+    if isinstance(name, str):
+        d = parse_dtype(name).short
+    elif _is_array_dtype(name):
+        d = dtype_of(name).short
+    else:
+        raise ValueError(f"dtypes: {name!r} is not a dtype; valid: {', '.join(TESTABLE)} (names, or torch/numpy dtypes such as torch.float16)")
     if d not in TESTABLE:
         raise ValueError(f"{d} is not a floating dtype to test; valid: {', '.join(TESTABLE)}")
     return d
+
+
+def _is_array_dtype(value: Any) -> bool:
+    """A torch dtype, a numpy dtype, or a numpy scalar type (np.float16), without importing either."""
+    kind = value if isinstance(value, type) else type(value)
+    return kind.__module__.split(".")[0] in ("torch", "numpy")
 
 
 def _parse_dtypes(names: list[str], source: str) -> list[str]:
@@ -228,6 +247,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "runs, vary, torch_deterministic, session_options) makes ortdiff.check() also check bitwise "
         "reproducibility, and fails a test that never runs such a check",
     )
+    baseline_dir = config.getoption("ortdiff_baseline_dir")
+    if baseline_dir is not None and not baseline_dir.strip():
+        # an unset CI variable: baselines would quietly go to (and be read from) the default place
+        raise pytest.UsageError("--ortdiff-baseline-dir is empty; give a directory such as tests/baselines, or leave the option out for the default")
     raw = config.getini("ortdiff_baseline_max_elements").strip()
     if raw and (not raw.isdigit() or int(raw) < 1):
         raise pytest.UsageError(f"ini ortdiff_baseline_max_elements: expected a positive number of elements such as 65536, got {raw!r}")
@@ -262,13 +285,28 @@ def pytest_configure(config: pytest.Config) -> None:
     if d_names:
         dtypes = tuple(_parse_dtypes(d_names, "--ort-dtypes" if d_cli else "ini ortdiff_dtypes"))
         state.dtypes_given = True
-    state.selection = selection.Selection(providers, dtypes)
+    cache_mb = None
+    try:
+        env = os.environ.get(selection.CACHE_ENV, "")
+        if env.strip():
+            selection.parse_cache_mb(env, f"${selection.CACHE_ENV}")
+        ini_cache = config.getini("ortdiff_cache_mb").strip()
+        if ini_cache:
+            cache_mb = selection.parse_cache_mb(ini_cache, "ini ortdiff_cache_mb")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    state.selection = selection.Selection(providers, dtypes, cache_mb)
     results = RunResults(
         json_path=config.getoption("ortdiff_json"),
         show_reports=bool(config.getoption("ortdiff_reports") or config.getini("ortdiff_reports")),
     )
     if results.json_path is not None and not hasattr(config, "workerinput"):  # xdist workers never write it
         results.json_target = _json_target(results.json_path, config.invocation_params.dir)
+        try:
+            if not config.getoption("help", False):  # (--help runs no session that would finish the file)
+                results.mark_running()
+        except OSError as exc:
+            raise pytest.UsageError(f"--ortdiff-json={results.json_path}: cannot write it: {exc.strerror or exc}") from None
     config.stash[STATE] = state
     config.stash[RESULTS] = results
     selection.activate(state.selection)
@@ -291,6 +329,8 @@ def _marker_list(value: Any, kind: str, test: str) -> list[str]:
         pytest.fail(f"@pytest.mark.ortdiff on {test}: {kind} must be a non-empty list such as ['CPU', 'CUDA'], got {value!r}", pytrace=False)
     out = []
     for name in value:
+        if kind == "providers" and not isinstance(name, str):
+            pytest.fail(f"@pytest.mark.ortdiff on {test}: providers: {name!r} is not a provider name; valid: {', '.join(KNOWN)}", pytrace=False)
         try:
             out.append(parse_provider(name) if kind == "providers" else _testable_dtype(name))
         except ValueError as exc:
@@ -313,8 +353,36 @@ def _validate_marker(marker: pytest.Mark, test: str) -> None:
         bad = sorted(set(repro) - set(_REPRODUCIBLE_KWARGS))
         if bad:
             pytest.fail(f"@pytest.mark.ortdiff on {test}: reproducible: unknown argument(s) {bad}; valid: {', '.join(_REPRODUCIBLE_KWARGS)}", pytrace=False)
+        problem = _reproducible_problem(repro)
+        if problem:
+            pytest.fail(f"@pytest.mark.ortdiff on {test}: reproducible: {problem}", pytrace=False)
     elif not isinstance(repro, bool):
         pytest.fail(f"@pytest.mark.ortdiff on {test}: reproducible must be True, False or a dict of check_reproducible arguments ({', '.join(_REPRODUCIBLE_KWARGS)}), got {repro!r}", pytrace=False)
+
+
+def _reproducible_problem(args: dict[str, Any]) -> str | None:
+    """What is wrong with the check_reproducible arguments of a marker (None: nothing), said at collection
+    rather than as a traceback inside the test."""
+    if "vary" in args:
+        # (imports torch: only for a marker that names variations)
+        from .reproducible import VARIATIONS
+
+        vary = args["vary"]
+        names = [vary] if isinstance(vary, str) else vary
+        if not isinstance(names, list | tuple) or not all(isinstance(v, str) for v in names):
+            return f"vary must be a list of variations such as ['threads']; valid: {', '.join(VARIATIONS)}; got {vary!r}"
+        unknown = [v for v in names if v not in VARIATIONS]
+        if unknown:
+            return f"vary: unknown variation(s) {unknown}; valid: {', '.join(VARIATIONS)}"
+    runs = args.get("runs", 2)
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        return f"runs must be a positive number of runs such as 5, got {runs!r}"
+    return None
+
+
+def _wants_reproducible(value: Any) -> bool:
+    """True, or a dict of check_reproducible arguments (an empty one: its defaults), asks for the check."""
+    return value is True or isinstance(value, dict)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -378,7 +446,7 @@ def pytest_runtest_call(item: pytest.Item) -> None:
     # runs after the test body (pytest's own hook) only when it passed: a test marked reproducible=True
     # that passed without running a reproducibility check checked nothing
     marker = item.get_closest_marker("ortdiff")
-    if marker is not None and marker.kwargs.get("reproducible"):
+    if marker is not None and _wants_reproducible(marker.kwargs.get("reproducible")):
         checker = getattr(item, "funcargs", {}).get("ortdiff")
         if checker is None or not getattr(checker, "reproducible_checked", False):
             pytest.fail(

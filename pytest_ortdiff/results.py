@@ -8,13 +8,15 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
 __all__ = [
     "OUTCOMES",
     "SCHEMA_VERSION",
+    "UNFINISHED_RUN",
     "BaselineRow",
     "CheckRow",
     "ResultsFile",
@@ -207,18 +209,44 @@ class TestOutcome:
 # the file
 
 
+#: the test id of the error row an incomplete file carries (a run killed, interrupted, or still running)
+UNFINISHED_RUN = "pytest run (did not finish)"
+
+
 @dataclass(frozen=True)
 class ResultsFile:
-    """One --ortdiff-json file: every check's row, every named skip, every test's outcome."""
+    """One --ortdiff-json file: every check's row, every named skip, every test's outcome.
+
+    `complete` is False in the file a run writes when it starts (`running()`) and in the one an
+    interrupted run leaves: such a file carries an "error" outcome for UNFINISHED_RUN (added on
+    reading if it was removed), so `merge --strict` fails on it and a killed run never leaves the
+    previous run's green file behind.
+    """
 
     results: tuple[CheckRow, ...] = ()
     skips: tuple[SkipRow, ...] = ()
     tests: tuple[TestOutcome, ...] = ()
     schema: int = SCHEMA_VERSION
+    complete: bool = True
+
+    @classmethod
+    def running(cls, started: str | None = None) -> ResultsFile:
+        """The file a run writes over its target when it starts, before any test runs."""
+        return cls(complete=False).incomplete(started)
+
+    def incomplete(self, started: str | None = None, why: str = "killed, interrupted or still running") -> ResultsFile:
+        """This file marked as the results of a run that did not finish: its rows as they are, plus the
+        error outcome that fails `merge --strict`."""
+        if started is None:
+            started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        row = TestOutcome(UNFINISHED_RUN, "error", message=f"started {started} (pid {os.getpid()}) and did not finish ({why}): its results are incomplete")
+        tests = tuple(t for t in self.tests if t.test != UNFINISHED_RUN)
+        return replace(self, tests=(row, *tests), complete=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA_VERSION,
+            "complete": self.complete,
             "results": [r.to_dict() for r in self.results],
             "skips": [s.to_dict() for s in self.skips],
             "tests": [t.to_dict() for t in self.tests],
@@ -242,7 +270,13 @@ class ResultsFile:
             parts[key] = items
         tests = tuple(TestOutcome.from_dict(t, f"tests[{i}]") for i, t in enumerate(parts["tests"]))
         skips = tuple(SkipRow.from_dict(s, f"skips[{i}]") for i, s in enumerate(parts["skips"]))
-        return cls(rows, skips, tests, version)
+        complete = data.get("complete", True)  # files written before it existed were written at the end
+        if not isinstance(complete, bool):
+            raise ResultsFileError(f"'complete' is not true or false (got {complete!r})")
+        out = cls(rows, skips, tests, version, complete)
+        if not complete and not any(t.test == UNFINISHED_RUN and t.outcome == "error" for t in tests):
+            out = replace(out, tests=(TestOutcome(UNFINISHED_RUN, "error", message="the run writing this file did not finish"), *tests))
+        return out
 
     @classmethod
     def read(cls, path: str | Path) -> ResultsFile:
@@ -309,18 +343,23 @@ def write_atomically(path: Path, data: str | bytes | Callable[[IO[bytes]], None]
     """Write `data` (text, bytes, or a function writing to a binary file) to `path` so that a reader —
     another xdist worker, the next run after an interrupted one — sees the old file or the new one,
     never half of one: a temporary file created exclusively in the same directory, flushed to disk,
-    then renamed over `path`."""
+    then renamed over `path`. The temporary's name is random and created with O_EXCL (mkstemp), so a
+    file or link planted at a predictable name is never written through."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the pid in the name lets a later run clean the file as soon as a killed writer is gone
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.pid{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            # mkstemp's 0600 would hide a committed baseline from the rest of the team; set on the open
+            # file, not the name, which someone else could have swapped for a link by now
+            os.fchmod(f.fileno(), 0o644)
             if callable(data):
                 data(f)
             else:
                 f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a committed baseline from the rest of the team
+        # rename() replaces whatever is at `path` (a symlink included) and never follows it
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -36,6 +36,7 @@ class RunResults:
     baselines: list[BaselineRow] = field(default_factory=list)
     json_message: str = ""
     json_failed: bool = False
+    interrupted: bool = False
 
     # -- collecting (hooks: this object is registered as a plugin) --------------------------------
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -68,13 +69,28 @@ class RunResults:
             elif key == BASELINE_KEY and report.when == "call":
                 self.baselines.append(replace(BaselineRow.from_dict(value), test=report.nodeid))
 
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        # Ctrl-C, or pytest.exit(): the run stops before its end. (Session.Interrupted, which pytest
+        # raises itself after collection errors, is a verdict the file records as errors.)
+        self.interrupted = not isinstance(excinfo.value, pytest.Session.Interrupted)
+
     # -- writing -------------------------------------------------------------------------------
+    def mark_running(self) -> None:
+        """Replace the target by an incomplete file before any test runs: a run killed before its end
+        (SIGKILL, an OOM kill, a CI timeout) must not leave the previous run's green file, which
+        `merge --strict` would pass. OSError when it cannot be written."""
+        if self.json_target is not None:
+            ResultsFile.running().write(self.json_target)
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         # runs inside the terminal reporter's own sessionfinish, before the summary that reports it; under
         # xdist only the controller has a target (the workers' reports reach it through logreport)
         if self.json_target is None:
             return
         data = ResultsFile(tuple(self.results), tuple(self.skips), tuple(self.tests.values()))
+        if self.interrupted:
+            # Ctrl-C (or a test raising KeyboardInterrupt): what ran is kept, the run stays incomplete
+            data = data.incomplete(why="interrupted")
         try:
             data.write(self.json_target)
         except OSError as exc:

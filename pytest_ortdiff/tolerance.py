@@ -56,11 +56,22 @@ class Tolerance:
         if self.budget is not None:
             if not isinstance(self.budget, Mapping):
                 raise TypeError(f"budget must be a dict {{threshold: fraction}}, e.g. {{1e-2: 0.001, 1.0: 0}}; got {self.budget!r}")
+            if not self.budget:
+                # no threshold is no rule: any error would pass (and describe() would call it "defaults")
+                raise ValueError(
+                    "budget={} states no rule, so any error would pass: give thresholds, e.g. budget={1e-2: 0.001, 1.0: 0}, "
+                    "or leave budget out for the dtype's default atol/rtol"
+                )
             if _is_per_dtype(self.budget):
                 for key, b in self.budget.items():
                     parse_dtype(str(key))
                     if not isinstance(b, Mapping):
                         raise TypeError(f"budget[{key!r}] must be a dict {{threshold: fraction}}, e.g. {{1e-2: 0.001}}; got {b!r}")
+                    if not b:
+                        raise ValueError(
+                            f"budget[{key!r}] is empty, so any {key} error would pass: give thresholds, e.g. {{1e-2: 0.001, 1.0: 0}}, "
+                            f"or leave {key} out for its default atol/rtol"
+                        )
                     _validate_budget(b)
             else:
                 _validate_budget(self.budget)
@@ -228,8 +239,13 @@ def _check_exact_leaf(r: Any, kind: str) -> list[Violation]:
     count = f"{differ:,} of {r.n:,} elements differ" if differ is not None else f"elements differ (max |diff| {g(r.max_abs)})"
     at = ""
     if r.argmax is not None:
-        at = f"; worst at {index(r.argmax)}: expected {shortest(r.expected_at_max, r.dtype)}, got {shortest(r.got_at_max, r.dtype)}"
+        at = f"; worst at {index(r.argmax)}: expected {_exact_value(r.expected_at_max, r.dtype)}, got {_exact_value(r.got_at_max, r.dtype)}"
     return [Violation("exact", f"{count}; {kind} outputs compare exactly{at}", r.name)]
+
+
+def _exact_value(x: Any, dtype: str) -> str:
+    # an int as it is: a 64-bit value off by one must not print as its float64 neighbour
+    return str(x) if isinstance(x, int) and not isinstance(x, bool) else shortest(x, dtype)
 
 
 def _worst_at(r: Any) -> str:

@@ -173,3 +173,50 @@ def test_one_message_per_bad_model_or_feed(seed: tuple[onnx.ModelProto, dict[str
     fixed = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])]))
     with pytest.raises(ValueError, match=re.escape("feed 'x' has shape (2, 5), the model declares float32[n, 4] (axis 1 must be 4)")):
         check_feeds(fixed, {"x": torch.zeros(2, 5)})
+
+
+def test_an_int64_kernel_off_by_one_above_2_53_fails_the_check() -> None:
+    """Issue 12, item 1: integer outputs compare exactly in check(), also where float64 cannot tell them apart."""
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [1])
+    model = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "neg", [x], [y]), opset_imports=[helper.make_opsetid("", 18)])
+    feeds = {"x": torch.tensor([-(2**53) - 1])}
+    off_by_one = {("", "Neg"): lambda t: -t - 1}
+    with pytest.raises(ToleranceBroken, match=r"1 of 1 elements differ; integer outputs compare exactly; worst at \(0\): expected 9007199254740992, got 9007199254740993") as broken:
+        Checker("CPU", "float32").check(model, feeds, kernels=off_by_one)
+    assert broken.value.result.report.mismatches == 1
+
+
+def _weights_model(seed: int, n: int = 1 << 16) -> onnx.ModelProto:
+    """y = x + w with a 256 KiB initializer w: distinct per seed."""
+    w = numpy_helper.from_array(np.full(n, seed, np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], f"weights{seed}", [x], [y], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_session_and_evaluator_caches_are_bounded_by_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 12, item 16: $ORTDIFF_CACHE_MB bounds the bytes of models cached, not their count."""
+    from pytest_ortdiff import check as check_module
+    from pytest_ortdiff.runtimes import ort
+
+    monkeypatch.setenv("ORTDIFF_CACHE_MB", "1")  # room for 3 of the 256 KiB models, not 6
+    monkeypatch.setattr(ort, "_SESSIONS", type(ort._SESSIONS)())
+    monkeypatch.setattr(check_module, "_EVALUATORS", type(check_module._EVALUATORS)())
+    checker = Checker("CPU", "float32")
+    feeds = {"x": torch.zeros(1 << 16)}
+    for seed in range(6):
+        model = _weights_model(seed)
+        (out,) = checker.run(model, feeds)
+        checker.run(model, feeds, runtime="torch")
+        assert float(out[0]) == seed
+    for cache in (ort._SESSIONS, check_module._EVALUATORS):
+        assert 1 <= len(cache) <= 3 and sum(size for _, size in cache.values()) <= 1 << 20
+    # the most recent model stays whatever the bound
+    monkeypatch.setenv("ORTDIFF_CACHE_MB", "0")
+    checker.run(_weights_model(7), feeds)
+    assert len(ort._SESSIONS) == 1
+    monkeypatch.setenv("ORTDIFF_CACHE_MB", "lots")
+    with pytest.raises(ValueError, match=r"\$ORTDIFF_CACHE_MB: expected a number of MiB such as 512 \(0: keep only the latest model\), got 'lots'"):
+        checker.run(_weights_model(8), feeds)

@@ -838,3 +838,48 @@ def test_mismatches_and_summary_without_a_zero_threshold() -> None:
     old = r.to_dict()
     del old["differ"]
     assert DiffReport.from_dict(old).mismatches == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# 64-bit integers compare exactly (issue 12, item 1: a float64 difference made 2**53 + 1 == 2**53)
+
+_I64 = (-(2**63), 2**63 - 1)
+_U64 = (0, 2**64 - 1)
+
+
+def _near_ends(lo: int, hi: int) -> st.SearchStrategy[int]:
+    """Integers within 2**12 of either end of [lo, hi], of 0, or of ±2**53: where float64 rounds."""
+    centres = [c for c in (lo, hi, 0, 2**53, -(2**53)) if lo <= c <= hi]
+    return st.sampled_from(centres).flatmap(lambda c: st.integers(max(lo, c - 4096), min(hi, c + 4096)))
+
+
+@pytest.mark.parametrize("code_path", ["numpy", "torch"])
+def test_64_bit_integers_off_by_one_differ(code_path: str) -> None:
+    e = np.array([2**53 + 1, -(2**63), 2**63 - 1, 5], np.int64)
+    g = np.array([2**53, -(2**63) + 1, 2**63 - 1, 5], np.int64)
+    r = diff._compare(torch.from_numpy(e), torch.from_numpy(g), path=code_path, tolerance=(0.0, 0.0))  # type: ignore[arg-type]
+    assert (r.mismatches, r.counts[0.0], r.out_of_tolerance) == (2, 2, 2)
+    assert r.max_abs == 1.0 and r.expected_at_max == 2**53 + 1 and r.got_at_max == 2**53  # exact values, not float64 ones
+    u = np.array([2**64 - 1, 2**63], np.uint64)
+    ru = diff._compare(torch.from_numpy(u), torch.from_numpy(u - np.uint64(1)), path=code_path)
+    assert ru.mismatches == 2
+    # the largest difference of each type: 2**64 - 1 (int64) is above every finite threshold below it
+    far = diff._compare(torch.tensor([-(2**63)]), torch.tensor([2**63 - 1]), path=code_path, thresholds=[0, 2.0**63, 2.0**64])
+    assert dict(far.counts) == {0.0: 1, 2.0**63: 1, 2.0**64: 0}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_compare_counts_64_bit_integers_exactly(data: st.DataObject) -> None:
+    """compare() on int64/uint64 arrays near ±2**63 (and 2**53, 2**64) counts exactly the elements that
+    differ, and each threshold's count is the exact count of |e - g| > t in Python integers."""
+    kind = data.draw(st.sampled_from([np.int64, np.uint64]))
+    lo, hi = _I64 if kind is np.int64 else _U64
+    n = data.draw(st.integers(1, 12))
+    e = data.draw(st.lists(_near_ends(lo, hi), min_size=n, max_size=n))
+    g = [data.draw(st.one_of(st.just(x), _near_ends(lo, hi), st.integers(max(lo, x - 2), min(hi, x + 2)))) for x in e]
+    t = float(data.draw(st.sampled_from([0, 1, 2, 4095, 2**53, 2**63])))
+    r = compare(np.array(e, kind), np.array(g, kind), thresholds=[0.0, t])
+    d = [abs(a - b) for a, b in zip(e, g, strict=True)]
+    assert r.mismatches == sum(x > 0 for x in d)
+    assert r.counts[t] == sum(x > t for x in d)

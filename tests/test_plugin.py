@@ -164,6 +164,7 @@ def test_available_expands_to_what_onnxruntime_offers(pytester: pytest.Pytester)
         ("budget={1e-2: 5}", "*budget fraction for 0.01 must be between 0 and 1 (0.001 = 0.1 %), got 5.0*"),
         ("atol=-1", "*atol must be a non-negative number or a dict {dtype: number}, got -1*"),
         ("'float16'", "*takes keyword arguments only*"),
+        ("budget={}", "*budget={} states no rule, so any error would pass: give thresholds*"),
     ],
 )
 def test_bad_marker_is_a_collection_error(pytester: pytest.Pytester, marker: str, message: str) -> None:
@@ -171,6 +172,66 @@ def test_bad_marker_is_a_collection_error(pytester: pytest.Pytester, marker: str
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([message])
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ("providers=[None]", "*providers: None is not a provider name; valid: CPU, CUDA, *"),
+        ("providers=[0]", "*providers: 0 is not a provider name; valid: CPU, CUDA, *"),
+        ("dtypes=[None]", "*dtypes: None is not a dtype; valid: float32, float16, bfloat16, float64*"),
+        ("reproducible={'vary': None}", "*reproducible: vary must be a list of variations such as [[]'threads'[]]; valid: threads, graph_optimization*got None*"),
+        ("reproducible={'vary': ['weather']}", "*reproducible: vary: unknown variation(s) [[]'weather'[]]; valid: threads, graph_optimization*"),
+    ],
+)
+def test_bad_marker_values_name_the_valid_ones(pytester: pytest.Pytester, marker: str, message: str) -> None:
+    """Issue 12, item 6: a marker error listing the valid values, never an AttributeError traceback."""
+    pytester.makepyfile(test_bad=f"import pytest\n\n@pytest.mark.ortdiff({marker})\ndef test_a(ortdiff):\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*@pytest.mark.ortdiff on test_bad.py::test_a: {message.lstrip('*')}"])
+    assert "AttributeError" not in result.stdout.str()
+
+
+def test_marker_takes_torch_and_numpy_dtypes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_dt="""
+        import numpy as np
+        import pytest
+        import torch
+
+        @pytest.mark.ortdiff(dtypes=[torch.float16, np.float64, np.dtype("float32")])
+        def test_a(ort_dtype):
+            pass
+        """
+    )
+    result = pytester.runpytest("--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*test_a[[]CPU-float16[]]", "*test_a[[]CPU-float64[]]", "*test_a[[]CPU-float32[]]"])
+
+
+def test_reproducible_empty_dict_still_checks(pytester: pytest.Pytester) -> None:
+    """Issue 12, item 4: reproducible={} (a dict of no arguments) asks for the check with its defaults,
+    and the guard fails a test that ran none."""
+    pytester.makepyfile(
+        test_rep="""
+        import pytest
+
+        from pytest_ortdiff import models
+
+        @pytest.mark.ortdiff(reproducible={})
+        def test_no_check(ortdiff):
+            pass
+
+        @pytest.mark.ortdiff(reproducible={})
+        def test_check(ortdiff):
+            model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+            ortdiff.check(model, models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=0))
+            assert ortdiff.reproducible_checked
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.ortdiff(reproducible=...) on test_rep.py::test_no_check*, but the test ran no reproducibility check*"])
 
 
 def test_marker_without_fixture_is_an_error(pytester: pytest.Pytester) -> None:
@@ -467,3 +528,23 @@ def test_check_and_compare_take_an_atol_rtol_pair_like_compare() -> None:
     assert r.out_of_tolerance == 3
     with pytest.raises(TypeError, match=r"tolerance must be a Tolerance, a dict of its arguments or an \(atol, rtol\) pair, got 0.1"):
         checker.check(model, feeds, tolerance=0.1)  # type: ignore[arg-type]
+
+
+def test_cache_bound_from_ini_and_its_errors(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 12, item 16: ini ortdiff_cache_mb bounds the model caches; $ORTDIFF_CACHE_MB overrides it."""
+    monkeypatch.delenv("ORTDIFF_CACHE_MB", raising=False)
+    pytester.makeini("[pytest]\nortdiff_cache_mb = 3\n")
+    pytester.makepyfile("from pytest_ortdiff import selection\n\ndef test_a():\n    assert selection.cache_bytes() == 3 << 20\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+    monkeypatch.setenv("ORTDIFF_CACHE_MB", "5")
+    pytester.makepyfile("from pytest_ortdiff import selection\n\ndef test_a():\n    assert selection.cache_bytes() == 5 << 20\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+    monkeypatch.setenv("ORTDIFF_CACHE_MB", "-1")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*$ORTDIFF_CACHE_MB: expected a number of MiB such as 512 (0: keep only the latest model), got '-1'*"])
+    monkeypatch.delenv("ORTDIFF_CACHE_MB")
+    pytester.makeini("[pytest]\nortdiff_cache_mb = 1GB\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini ortdiff_cache_mb: expected a number of MiB such as 512*got '1GB'*"])

@@ -190,7 +190,7 @@ def test_bad_json_path_is_a_usage_error_before_any_test_runs(pytester: pytest.Py
 
 def test_json_write_failure_is_reported_and_leaves_no_tmp(pytester: pytest.Pytester) -> None:
     # the target turns into a directory during the run: the write fails, says so, and fails the run
-    pytester.makepyfile(test_a="import os\n\ndef test_a():\n    os.mkdir('job.json')\n")
+    pytester.makepyfile(test_a="import os\n\ndef test_a():\n    os.remove('job.json')  # (the run's incomplete file)\n    os.mkdir('job.json')\n")
     result = pytester.runpytest("--ortdiff-json=job.json")
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.INTERNAL_ERROR
@@ -223,6 +223,9 @@ def test_marker_integer_dtype_is_a_collection_error(pytester: pytest.Pytester) -
         ("--ort-dtypes=", "*--ort-dtypes is empty; give e.g. float32,float16*"),
         ("--ort-dtypes=,", "*--ort-dtypes is empty; give e.g. float32,float16*"),
         ("--ort-providers=", "*--ort-providers is empty; give e.g. CPU,CUDA*"),
+        # issue 12, item 5: an unset CI variable must not quietly store baselines in the default place
+        ("--ortdiff-baseline-dir=", "*--ortdiff-baseline-dir is empty; give a directory such as tests/baselines*"),
+        ("--ortdiff-baseline-dir=  ", "*--ortdiff-baseline-dir is empty; give a directory such as tests/baselines*"),
     ],
 )
 def test_empty_option_is_a_usage_error(pytester: pytest.Pytester, arg: str, message: str) -> None:
@@ -328,3 +331,53 @@ def test_a_model_built_for_another_dtype_warns(pytester: pytest.Pytester) -> Non
             "build it for the case, e.g. models.layer_norm_matmul_add(dtype=ortdiff.dtype)*",
         ]
     )
+
+
+# -- a run that does not finish; the report's temporary file (issue 12, items 3 and 18) -------------------
+
+
+def test_a_killed_run_never_leaves_the_previous_green_file(pytester: pytest.Pytester, cli: Callable[..., Any]) -> None:
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    pytester.runpytest("--ortdiff-json=job.json").assert_outcomes(passed=1)
+    assert cli("merge", "job.json", "--strict", cwd=pytester.path).returncode == 0
+    # the next run fails, then is killed before it can write its results
+    pytester.makepyfile(test_a="import os, signal\n\ndef test_a():\n    assert False\n\ndef test_b():\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    pytester.runpytest_subprocess("--ortdiff-json=job.json", "-p", "no:cacheprovider")
+    out = cli("merge", "job.json", "--strict", cwd=pytester.path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert any(line.startswith("errored: pytest run (did not finish): started ") for line in out.stdout.splitlines()), out.stdout
+    data = json.loads((pytester.path / "job.json").read_text())
+    assert data["complete"] is False and data["results"] == []
+    # a run that finishes writes a complete file again
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    pytester.runpytest("--ortdiff-json=job.json").assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "job.json").read_text())["complete"] is True
+    assert cli("merge", "job.json", "--strict", cwd=pytester.path).returncode == 0
+
+
+def test_an_interrupted_run_writes_an_incomplete_file(pytester: pytest.Pytester, cli: Callable[..., Any]) -> None:
+    pytester.makepyfile(test_a="def test_a():\n    pass\n\ndef test_b():\n    raise KeyboardInterrupt\n")
+    pytester.inline_run("--ortdiff-json=job.json", no_reraise_ctrlc=True)
+    data = json.loads((pytester.path / "job.json").read_text())
+    assert data["complete"] is False
+    assert [t["outcome"] for t in data["tests"] if t["test"] == "test_a.py::test_a"] == ["passed"]  # what ran is kept
+    assert cli("merge", "job.json", "--strict", cwd=pytester.path).returncode == 1
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "symlink"), reason="needs symlinks")
+def test_the_json_file_is_never_written_through_a_symlink(pytester: pytest.Pytester) -> None:
+    """Someone who can create files next to the report cannot have another file overwritten: neither a
+    link at the report's own name nor at a temporary name is followed."""
+    import os
+
+    victim = pytester.path / "victim.txt"
+    victim.write_text("precious")
+    os.symlink(victim, pytester.path / "job.json")
+    for name in ("job.json.tmp", ".job.json.tmp", "job.json~", ".job.json.swp"):
+        os.symlink(victim, pytester.path / name)
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    pytester.runpytest("--ortdiff-json=job.json").assert_outcomes(passed=1)
+    assert victim.read_text() == "precious"
+    target = pytester.path / "job.json"
+    assert not target.is_symlink() and json.loads(target.read_text())["tests"][0]["outcome"] == "passed"
+    assert oct(target.stat().st_mode & 0o777) == oct(0o644)

@@ -128,3 +128,27 @@ def test_numbers_format_one_way() -> None:
     assert shortest(0.1, "float64") == "0.1" and shortest(float.fromhex("0x1.99999ap-4"), "float32") == "0.1"
     assert shortest(285.25, "float16") == "285.2" and shortest(2.0, "int64") == "2" and shortest(1.0, "bool") == "True"
     assert table(("a", "bb"), [("xyz", "1"), ("p", "")], indent="  ") == ["  a    bb", "  xyz  1", "  p"]
+
+
+def test_an_incomplete_file_reads_as_an_error(tmp_path: Path) -> None:
+    """Issue 12, item 3: the file a run writes when it starts fails `merge --strict`, even with its error
+    row removed, and an unreadable "complete" is a malformed file."""
+    path = tmp_path / "job.json"
+    ResultsFile.running().write(path)
+    back = ResultsFile.read(path)
+    assert not back.complete and [(t.test, t.outcome) for t in back.tests] == [("pytest run (did not finish)", "error")]
+    data = json.loads(path.read_text())
+    data["tests"] = []
+    path.write_text(json.dumps(data))
+    assert [t.outcome for t in ResultsFile.read(path).tests] == ["error"]
+    data["complete"] = "yes"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultsFileError, match="'complete' is not true or false"):
+        ResultsFile.read(path)
+    assert ResultsFile().complete and ResultsFile.read(_written(tmp_path)).complete
+
+
+def _written(tmp_path: Path) -> Path:
+    path = tmp_path / "done.json"
+    ResultsFile(tests=(TestOutcome("t.py::a", "passed"),)).write(path)
+    return path

@@ -323,6 +323,9 @@ def test_mixed_float_and_integer_outputs_float_tolerance_for_floats_only() -> No
         ({"budget": [1e-2]}, TypeError, "budget must be a dict {threshold: fraction}, e.g. {1e-2: 0.001, 1.0: 0}; got [0.01]"),
         ({"budget": {"float17": {1e-2: 0.1}}}, ValueError, "unknown dtype 'float17'; valid: float32, float16, bfloat16, float64"),
         ({"budget": {"float16": {1e-2: 2.0}}}, ValueError, "budget fraction for 0.01 must be between 0 and 1"),
+        # issue 12, item 2: an empty budget is a tolerance with no rule, under which any error passes
+        ({"budget": {}}, ValueError, "budget={} states no rule, so any error would pass: give thresholds, e.g. budget={1e-2: 0.001, 1.0: 0}, or leave budget out"),
+        ({"budget": {"float32": {}}}, ValueError, "budget['float32'] is empty, so any float32 error would pass: give thresholds, e.g. {1e-2: 0.001, 1.0: 0}, or leave float32 out"),
     ],
 )
 def test_validation_messages(kwargs: dict, error: type, message: str) -> None:

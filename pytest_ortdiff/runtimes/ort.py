@@ -19,6 +19,7 @@ import torch
 from ..dtypes import dtype_of, parse_dtype
 from ..model_io import load_model
 from ..providers import KNOWN, parse_provider, unavailable_reason
+from ..selection import trim_cache
 from .tensors import to_numpy, to_torch
 
 if TYPE_CHECKING:
@@ -64,13 +65,15 @@ def model_bytes(model: ModelSource) -> bytes:
     return load_model(model).SerializeToString()
 
 
-def _external_data(data: bytes) -> list[tuple[str, str]]:
+def _external_data(data: bytes, what: str = "the model's bytes") -> list[tuple[str, str]]:
     """(tensor name, file) of every tensor whose data the serialized model keeps in another file."""
     if b"location" not in data:  # every external-data entry is keyed "location": most models skip the parse
         return []
     from onnx.external_data_helper import uses_external_data
 
-    proto = onnx.load_model_from_string(data)
+    from ..model_io import parse_model
+
+    proto = parse_model(data, what)  # not ONNX: one error naming it, never protobuf's DecodeError
     out = []
     for tensor in _tensors(proto.graph):
         if uses_external_data(tensor):
@@ -115,9 +118,10 @@ def _check_external_data(path: Path, external: list[tuple[str, str]]) -> None:
 
 _NOT_IMPL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
 
-# one process-wide cache: tests build the same tiny models again and again
-_SESSIONS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-_SESSIONS_MAX = 64
+# one process-wide cache: tests build the same tiny models again and again. key -> (session, bytes of
+# the model and its external data), bounded by bytes (selection.cache_bytes: $ORTDIFF_CACHE_MB, ini
+# ortdiff_cache_mb): a session holds its model's weights
+_SESSIONS: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -196,6 +200,7 @@ class OrtRunner:
         self.provider_options = dict(provider_options or {})
         #: the file onnxruntime opens (a model with external data), else None: it takes the bytes
         self.model_path: str | None = None
+        self._external_bytes = 0
         external = _external_data(self.model_bytes)
         if external:
             if not isinstance(model, str | Path):
@@ -207,6 +212,8 @@ class OrtRunner:
                 )
             _check_external_data(Path(model), external)
             self.model_path = str(Path(model).resolve())
+            folder = Path(self.model_path).parent
+            self._external_bytes = sum((folder / location).stat().st_size for location in {loc for _, loc in external})
         self._session: Any = None
         self._input_dtypes: dict[str, torch.dtype | None] | None = None
         self.device = torch.device("cuda", int(self.provider_options.get("device_id", 0))) if self.provider in ("CUDA", "TensorRT") else torch.device("cpu")
@@ -222,15 +229,14 @@ class OrtRunner:
         # (the path too where the data is outside the bytes: two folders may hold different weights)
         key = (digest, self.model_path, self.provider, _options_key(self.session_options), tuple(sorted(self.provider_options.items())))
         with _LOCK:
-            sess = _SESSIONS.get(key)
-            if sess is not None:
+            cached = _SESSIONS.get(key)
+            if cached is not None:
                 _SESSIONS.move_to_end(key)
-                return sess
+                return cached[0]
         sess = self._create()
         with _LOCK:
-            _SESSIONS[key] = sess
-            while len(_SESSIONS) > _SESSIONS_MAX:
-                _SESSIONS.popitem(last=False)
+            _SESSIONS[key] = (sess, len(self.model_bytes) + self._external_bytes)
+            trim_cache(_SESSIONS)
         return sess
 
     def _create(self) -> Any:
