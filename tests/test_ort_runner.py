@@ -165,14 +165,14 @@ def test_unknown_optimization_level_lists_valid(m32: onnx.ModelProto) -> None:
 
 def test_missing_feed_lists_the_inputs(m32: onnx.ModelProto, f32: dict) -> None:
     feeds = {k: v for k, v in f32.items() if k != "bias2"}
-    with pytest.raises(ValueError, match=re.escape("missing feeds ['bias2']; the model's inputs are ['X', 'scale', 'bias', 'weights', 'bias2']")):
+    with pytest.raises(ValueError, match=re.escape("feeds do not match the model's inputs: missing ['bias2'], unknown []; inputs are X: float32[a, b, c], scale: float32[c], bias: float32[c], weights: float32[c, c], bias2: float32[c]")):
         OrtRunner(m32).run(None, feeds)
 
 
 def test_unknown_and_missing_feeds_together(m32: onnx.ModelProto, f32: dict) -> None:
     feeds = {k: v for k, v in f32.items() if k != "X"}
     feeds["x"] = f32["X"]
-    with pytest.raises(ValueError, match=re.escape("missing feeds ['X']; unknown feeds ['x']; the model's inputs are ['X', 'scale', 'bias', 'weights', 'bias2']")):
+    with pytest.raises(ValueError, match=re.escape("feeds do not match the model's inputs: missing ['X'], unknown ['x']; inputs are X: float32[a, b, c], scale: float32[c], bias: float32[c], weights: float32[c, c], bias2: float32[c]")):
         OrtRunner(m32).run(None, feeds)
 
 

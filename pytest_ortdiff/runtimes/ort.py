@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import onnx
 import torch
 
-from ..dtypes import dtype_of, parse_dtype
-from ..model_io import load_model
+from ..dtypes import parse_dtype
+from ..model_io import InputSpec, check_feeds, load_model, session_input_specs
 from ..providers import KNOWN, parse_provider, unavailable_reason
 from ..selection import trim_cache
 from .tensors import to_numpy, to_torch
@@ -216,6 +216,7 @@ class OrtRunner:
             self._external_bytes = sum((folder / location).stat().st_size for location in {loc for _, loc in external})
         self._session: Any = None
         self._input_dtypes: dict[str, torch.dtype | None] | None = None
+        self._specs: dict[str, InputSpec] | None = None
         self.device = torch.device("cuda", int(self.provider_options.get("device_id", 0))) if self.provider in ("CUDA", "TensorRT") else torch.device("cpu")
 
     @property
@@ -287,16 +288,9 @@ class OrtRunner:
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         sess = self.session
         names = list(output_names) if output_names else self.output_names
-        _check_feed_names(self.input_names, feeds)
-        expected = self.input_dtypes
-        for name, value in feeds.items():
-            want = expected.get(name)
-            have = _feed_dtype(value)
-            if want is not None and have is not None and have != want:
-                raise TypeError(
-                    f"feed {name!r} is {str(have).removeprefix('torch.')}, the model declares "
-                    f"{str(want).removeprefix('torch.')}: convert it (e.g. feeds[{name!r}].to(torch.{str(want).removeprefix('torch.')}))"
-                )
+        if self._specs is None:
+            self._specs = session_input_specs(sess.get_inputs())
+        check_feeds(self._specs, feeds)  # the one feed check (names, dtypes, ranks, fixed dims) everyone uses
         import onnxruntime
 
         if hasattr(onnxruntime.OrtValue, "from_dlpack"):
@@ -333,25 +327,3 @@ class OrtRunner:
         return [to_torch(o, self.device if self.device.type == "cuda" else None) for o in outs]
 
 
-def _feed_dtype(value: Any) -> torch.dtype | None:
-    if isinstance(value, torch.Tensor):
-        return value.dtype
-    dt = getattr(value, "dtype", None)
-    if dt is None:
-        return None
-    try:
-        return dtype_of(dt).torch
-    except ValueError:
-        return None
-
-
-def _check_feed_names(expected: Sequence[str], feeds: Mapping[str, Any]) -> None:
-    missing = [n for n in expected if n not in feeds]
-    extra = [n for n in feeds if n not in expected]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing feeds {missing}")
-        if extra:
-            parts.append(f"unknown feeds {extra}")
-        raise ValueError(f"{'; '.join(parts)}; the model's inputs are {list(expected)}")
