@@ -1,13 +1,16 @@
 """Run-to-run reproducibility: the same model and feeds run repeatedly and under varied execution
-settings (threads, graph optimizations, deterministic algorithms), compared bit for bit."""
+settings (threads, graph optimizations, deterministic algorithms), compared bit for bit; for a setting
+that differs, the first node whose output differs (every value of both runs compared)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import onnx
+import onnx.helper
 import torch
 
 from .baseline import bit_mismatches
@@ -34,6 +37,9 @@ class Variation:
     outputs_differ: tuple[str, ...] = ()
     note: str = ""
     error: str = ""  # the variation could not run here; it says why
+    #: for a variation that differs: the first node (graph order) whose output differs between the two
+    #: settings, e.g. "matmul (MatMul): output 'mm', 3 of 512 elements differ in their bits"
+    first_node: str = ""
 
     @property
     def identical(self) -> bool:
@@ -50,6 +56,7 @@ class Variation:
             "outputs_differ": list(self.outputs_differ),
             "note": self.note,
             "error": self.error,
+            "first_node": self.first_node,
             "report": self.report.to_dict() if self.report is not None else None,
         }
 
@@ -109,6 +116,8 @@ class ReproducibilityReport:
         lines += table(head, rows, indent="  ")
         for v in self.differing:
             lines.append(f"{v.kind}: {v.against} vs {v.got}: {v.bit_mismatches:,} of {v.n:,} elements differ in their bits" + (f" ({v.note})" if v.note else ""))
+            if v.first_node:
+                lines.append(f"  first node whose output differs: {v.first_node}")
             if v.report is not None:
                 lines.append(v.report.render())
         return "\n".join(lines)
@@ -164,6 +173,7 @@ def check_reproducible(
     threads: Sequence[int] | None = None,
     kernels: Mapping[Any, Any] | None = None,
     missing: Literal["error", "ort"] = "error",
+    localise: bool = True,
 ) -> ReproducibilityReport:
     """Is `model` on onnxruntime `provider` bitwise reproducible?
 
@@ -176,7 +186,10 @@ def check_reproducible(
       `kernels=` are the evaluator's overrides (an op without a torch kernel: `{op: "ort"}`, or every such
       op with `missing="ort"`).
 
-    Every comparison is bit for bit; the report holds a DiffReport (histogram) per variation.
+    Every comparison is bit for bit; the report holds a DiffReport (histogram) per variation. With
+    `localise` (the default), a variation that differs is run again with every value of the graph exposed
+    (a copy of the model whose outputs are every node's outputs; the torch evaluator's intermediates) under
+    both settings, and `Variation.first_node` names the first node whose output differs.
     """
     from .model_io import load_model
     from .providers import parse_provider, torch_device
@@ -194,12 +207,14 @@ def check_reproducible(
     names = [o.name for o in m.graph.output]
     base = dict(session_options or {})
     variations: list[Variation] = []
+    settings: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []  # per variation: (against, got); None: the same, repeated
 
     def runner(options: Mapping[str, Any] | None) -> Any:
         r = OrtRunner(m, provider=provider, session_options=dict(options) if options else None)
         return lambda: r.run(None, feeds)
 
     variations.append(_repeat("repeat", f"run 1 ({_label(base)})", runner(base), runs, names))
+    settings.append((base, None))
     if "threads" in vary:
         counts = list(threads) if threads is not None else sorted({1, 2, os.cpu_count() or 2})
         if len(counts) < 2:
@@ -209,25 +224,40 @@ def check_reproducible(
         for c in counts[1:]:
             opts = {**base, "intra_op_num_threads": c}
             variations.append(_diff("threads", f"intra_op_num_threads={counts[0]}", f"intra_op_num_threads={c}", ref, runner(opts)(), names))
+            settings.append((ref_opts, opts))
     if "graph_optimization" in vary:
         one = {"intra_op_num_threads": 1, **base}
         ref = runner({**one, "graph_optimization_level": "all"})()
         for level in _LEVELS:
             got = runner({**one, "graph_optimization_level": level})()
             variations.append(_diff("graph_optimization", "graph_optimization_level=all", f"graph_optimization_level={level}", ref, got, names))
+            settings.append(({**one, "graph_optimization_level": "all"}, {**one, "graph_optimization_level": level}))
     if "deterministic_compute" in vary:
         ref = runner({**base, "use_deterministic_compute": False})()
         got = runner({**base, "use_deterministic_compute": True})()
         variations.append(_diff("deterministic_compute", "use_deterministic_compute=False", "use_deterministic_compute=True", ref, got, names))
+        settings.append(({**base, "use_deterministic_compute": False}, {**base, "use_deterministic_compute": True}))
+    if localise and any(not v.identical and not v.error for v in variations):
+        exposed = _exposed(m)
+        for at, (v, (a, b)) in enumerate(zip(variations, settings, strict=True)):
+            if not v.identical and not v.error:
+                variations[at] = replace(v, first_node=_localise_ort(exposed, m, feeds, provider, a, b, runs))
     device = torch_device(provider)
     if torch_deterministic if torch_deterministic is not None else device.startswith("cuda"):
-        variations += _torch_deterministic(m, feeds, device, runs, names, kernels, missing)
+        variations += _torch_deterministic(m, feeds, device, runs, names, kernels, missing, localise)
     first = variations[0].report
     return ReproducibilityReport(m.graph.name or "model", provider, first.dtype if first else "", runs, tuple(variations))
 
 
 def _torch_deterministic(
-    model: Any, feeds: Mapping[str, Any], device: str, runs: int, names: Sequence[str], kernels: Mapping[Any, Any] | None = None, missing: str = "error"
+    model: Any,
+    feeds: Mapping[str, Any],
+    device: str,
+    runs: int,
+    names: Sequence[str],
+    kernels: Mapping[Any, Any] | None = None,
+    missing: str = "error",
+    localise: bool = True,
 ) -> list[Variation]:
     """The torch evaluator `runs` times with deterministic algorithms on, then off, then on vs off;
     the process's previous setting is restored whatever happens."""
@@ -252,12 +282,94 @@ def _torch_deterministic(
                     return outs
 
                 firsts[flag] = [t.clone() for t in run()]
-                out.append(_repeat("torch_deterministic", f"{label}: run 1", run, runs, names))
+                v = _repeat("torch_deterministic", f"{label}: run 1", run, runs, names)
+                if localise and not v.identical:
+                    v = replace(v, first_node=_localise_torch(evaluator, tfeeds, [flag] * runs))
+                out.append(v)
             except RuntimeError as exc:  # e.g. cuBLAS without CUBLAS_WORKSPACE_CONFIG=:4096:8
                 msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 out.append(Variation("torch_deterministic", f"{label}: run 1", f"runs 2-{runs}", error=msg))
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
     if True in firsts and False in firsts:
-        out.append(_diff("torch_deterministic", f"torch {device} deterministic_algorithms=True", "deterministic_algorithms=False", firsts[True], firsts[False], names))
+        v = _diff("torch_deterministic", f"torch {device} deterministic_algorithms=True", "deterministic_algorithms=False", firsts[True], firsts[False], names)
+        if localise and not v.identical:
+            v = replace(v, first_node=_localise_torch(evaluator, tfeeds, [True, False]))
+        out.append(v)
     return out
+
+
+# -- the first node that differs -------------------------------------------------------------------
+
+_NOT_LOCALISED = (
+    "no node's output differs once every value is a graph output: the difference comes from how onnxruntime "
+    "rewrites the graph across nodes (a fusion, which exposing every value prevents), or it did not recur"
+)
+
+
+def _exposed(m: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `m` whose outputs are its own plus every node's outputs (main graph)."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(m)
+    present = {o.name for o in exposed.graph.output}
+    for node in exposed.graph.node:
+        for o in node.output:
+            if o and o not in present:
+                exposed.graph.output.append(onnx.helper.make_empty_tensor_value_info(o))
+                present.add(o)
+    return exposed
+
+
+def _first_differing(nodes: Sequence[onnx.NodeProto], reference: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> str:
+    """The first node (graph order) with an output whose bits differ between `reference` and any of `others`."""
+    for i, node in enumerate(nodes):
+        for o in node.output:
+            if not o or not isinstance(reference.get(o), torch.Tensor):
+                continue
+            a = reference[o]
+            for other in others:
+                b = other.get(o)
+                if not isinstance(b, torch.Tensor):
+                    continue
+                if a.shape != b.shape or a.dtype != b.dtype:
+                    return f"{node.name or f'{node.op_type}_{i}'} ({node.op_type}): output {o!r} is {b.dtype}{tuple(b.shape)} instead of {a.dtype}{tuple(a.shape)}"
+                bits = bit_mismatches(a, b)
+                if bits:
+                    return f"{node.name or f'{node.op_type}_{i}'} ({node.op_type}): output {o!r}, {bits:,} of {a.numel():,} elements differ in their bits"
+    return _NOT_LOCALISED
+
+
+def _localise_ort(exposed: onnx.ModelProto, m: onnx.ModelProto, feeds: Mapping[str, Any], provider: str, against: Mapping[str, Any], got: Mapping[str, Any] | None, runs: int) -> str:
+    """Every value under `against` vs under `got` (None: `against` again, `runs` times)."""
+    from .runtimes.ort import OrtRunner
+
+    def values(options: Mapping[str, Any], times: int) -> list[dict[str, Any]]:
+        r = OrtRunner(exposed, provider=provider, session_options=dict(options) if options else None)
+        names = r.output_names
+        return [dict(zip(names, r.run(names, feeds), strict=True)) for _ in range(times)]
+
+    try:
+        if got is None:
+            first, *others = values(against, runs)
+        else:
+            (first,) = values(against, 1)
+            others = values(got, 1)
+    except Exception as exc:  # the exposed copy is a bonus: say why it could not run, keep the report
+        return f"not localised: the copy of the model with every value exposed did not run ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+    return _first_differing(list(m.graph.node), first, others)
+
+
+def _localise_torch(evaluator: Any, feeds: Mapping[str, Any], flags: Sequence[bool]) -> str:
+    """Every value of the torch evaluator with deterministic algorithms set to each of `flags` in turn,
+    the first run against the others; the process's setting is restored after."""
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    runs = []
+    try:
+        for flag in flags:
+            torch.use_deterministic_algorithms(flag)
+            runs.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in evaluator.run(None, feeds, intermediates=True).items()})
+    except RuntimeError as exc:
+        return f"not localised: the torch evaluator's run with every value kept failed ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+    return _first_differing(evaluator.nodes, runs[0], runs[1:])

@@ -306,3 +306,71 @@ def test_check_reproducible_fixture_method(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--ort-dtypes=float32,float16")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*test_a[[]CPU-float16[]] [[]reproducible[]]  *CPU*float16*exact*passed"])
+
+
+# -- the first node that differs ---------------------------------------------------------------------
+
+
+def _chain():
+    import onnx.helper as oh
+
+    nodes = [
+        oh.make_node("Relu", ["x"], ["r"], name="relu"),
+        oh.make_node("Exp", ["r"], ["e"], name="exp"),
+        oh.make_node("Tanh", ["e"], ["t"], name="tanh"),
+        oh.make_node("Neg", ["t"], ["y"], name="neg"),
+    ]
+    graph = oh.make_graph(nodes, "chain", [oh.make_tensor_value_info("x", 1, [4, 8])], [oh.make_tensor_value_info("y", 1, [4, 8])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+    return model, {"x": torch.linspace(-1, 1, 32).reshape(4, 8)}
+
+
+def test_localiser_names_a_planted_nondeterministic_onnxruntime_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime's Exp made nondeterministic: every other call its output "e" moves by one ulp in one
+    element (what depends on it would follow on a real runtime); the localiser names exp, not relu."""
+    original = OrtRunner.run
+    calls = [0]
+
+    def run(self: OrtRunner, output_names, feeds):  # type: ignore[no-untyped-def]
+        names = list(output_names) if output_names else self.output_names
+        outs = original(self, output_names, feeds)
+        calls[0] += 1
+        if calls[0] % 2 or "e" not in names:
+            return outs
+        i = names.index("e")
+        e = outs[i].clone()
+        e.view(-1)[5] = torch.nextafter(e.view(-1)[5], torch.tensor(float("inf")))
+        return [*outs[:i], e, *outs[i + 1 :]]
+
+    monkeypatch.setattr(OrtRunner, "run", run)
+    model, feeds = _chain()
+    model.graph.output.extend([onnx_value("e")])  # the planted change reaches an output
+    rep = check_reproducible(model, feeds, runs=2, vary=())
+    (v,) = rep.variations
+    assert not v.identical
+    assert v.first_node == "exp (Exp): output 'e', 1 of 32 elements differ in their bits", v.first_node
+    assert "first node whose output differs: exp (Exp)" in rep.render()
+    assert rep.to_dict()["variations"][0]["first_node"].startswith("exp")
+
+
+def onnx_value(name: str):  # type: ignore[no-untyped-def]
+    import onnx.helper as oh
+
+    return oh.make_tensor_value_info(name, 1, [4, 8])
+
+
+def test_localiser_names_a_planted_nondeterministic_torch_kernel() -> None:
+    """A callable kernel on tanh that adds a fresh tiny noise every call: the torch side's runs differ, and
+    the first node that differs is tanh (relu and exp upstream are identical run to run)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def noisy_tanh(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) + 1e-6 * torch.rand(x.shape, generator=gen)
+
+    model, feeds = _chain()
+    rep = check_reproducible(model, feeds, runs=2, vary=(), torch_deterministic=True, kernels={"tanh": noisy_tanh})
+    torch_rows = [v for v in rep.variations if v.kind == "torch_deterministic" and not v.identical]
+    assert torch_rows
+    for v in torch_rows:
+        assert v.first_node.startswith("tanh (Tanh): output 't'"), v.first_node
+    assert rep.variations[0].identical and rep.variations[0].first_node == ""  # onnxruntime itself is fine

@@ -1,0 +1,88 @@
+"""What does `blame()` cost, in runs of the graph it blames?
+
+Stacked-layer graphs: the Llama-like module of `real_graphs.py` with 1, 4, 8 and 25 decoder layers
+(about 170, 530, 1,000 and 3,000 nodes), exported by the TorchScript exporter at a fixed shape (batch 2,
+sequence 16), float32, CPU, torch on one thread (`--threads`). Per graph: one `TorchEvaluator.run` (median of a few), one `blame()` (the
+float64 oracle included, as a user gets it), and their ratio: blame's time in evaluator runs' worth.
+Also the nodes the swaps ran again (all swaps together, in graph runs' worth) and how many nodes were
+skipped because onnxruntime's output is bit-identical to torch's.
+
+Goal (issue 13): at most 25 evaluator runs' worth at every size. The one-swap-per-node method it
+replaces cost about a graph run per node plus a session per node (144 runs' worth at 120 nodes, 15,649 at
+950).
+
+    python benchmarks/bench_blame.py [--quick] [--layers 1 4 8 25] [--show N]
+
+`--quick`: 1 and 4 layers. `--show N`: print blame's table for the graph with N layers.
+Ratios, not seconds, are what to compare between machines; no test asserts on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_graphs
+
+from pytest_ortdiff import TorchEvaluator, blame
+
+
+def stacked(layers: int) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
+    """The Llama-like module with `layers` decoder layers, exported by TorchScript at (2, 16)."""
+    spec = real_graphs.GRAPHS["llama"]
+    torch.manual_seed(0)
+    module = real_graphs.LlamaLike(layers=layers).eval()
+    args = spec.inputs(2, 16)
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, buf, dynamo=False,  # type: ignore[arg-type]
+                           opset_version=18, input_names=list(spec.input_names), output_names=["output"])
+    return onnx.load_from_string(buf.getvalue()), dict(zip(spec.input_names, args, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--layers", type=int, nargs="*", default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: on a shared machine, a multi-threaded matmul waits for its slowest thread)")
+    parser.add_argument("--show", type=int, default=None, help="print the table of the graph with this many layers")
+    opts = parser.parse_args()
+    sizes = opts.layers or ([1, 4] if opts.quick else [1, 4, 8, 25])
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU float32; goal: blame <= 25 evaluator runs")
+    head = f"{'layers':>6} {'nodes':>6} {'run ms':>8} {'blame s':>8} {'runs':>6} {'recomputed':>11} {'skipped':>8}"
+    print(head)
+    for layers in sizes:
+        model, feeds = stacked(layers)
+        ev = TorchEvaluator(model)
+        ev.run(None, feeds)
+        times = []
+        for _ in range(15):
+            t = time.perf_counter()
+            ev.run(None, feeds)
+            times.append(time.perf_counter() - t)
+        run = min(times)  # the machine is shared: the fastest run is the least disturbed one
+        t = time.perf_counter()
+        table = blame(model, feeds)
+        took = time.perf_counter() - t
+        n = len(model.graph.node)
+        skipped = sum(r.skipped for r in table)
+        print(f"{layers:>6} {n:>6} {run * 1e3:>8.1f} {took:>8.2f} {took / run:>6.1f} {table.nodes_recomputed / n:>9.1f} r {skipped:>8}", flush=True)
+        phases = ", ".join(f"{k} {v / run:.0f}" for k, v in table.timings.items())
+        print(f"{'':>6} in runs: {phases}", flush=True)
+        if opts.show == layers:
+            print(table.render())
+
+
+if __name__ == "__main__":
+    main()
