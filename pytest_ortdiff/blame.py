@@ -21,7 +21,7 @@ import torch
 from .diff import DiffReport, compare
 from .dtypes import DType, dtype_of
 from .formatting import g, table
-from .model_io import load_model
+from .model_io import expose_all_values, load_model
 from .providers import KNOWN, parse_provider, torch_device
 from .results import closer_to_oracle
 from .runtimes.evaluator import MissingKernelError, TorchEvaluator
@@ -254,15 +254,7 @@ def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
 
 def ort_intermediates(model: Any, feeds: Mapping[str, Any], provider: str = "CPU") -> dict[str, torch.Tensor]:
     """Every node output as computed by onnxruntime (each exposed as a graph output)."""
-    m = load_model(model)
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(m)
-    present = {o.name for o in exposed.graph.output}
-    for node in exposed.graph.node:
-        for o in node.output:
-            if o and o not in present:
-                exposed.graph.output.append(oh.make_empty_tensor_value_info(o))
-                present.add(o)
+    exposed = expose_all_values(load_model(model))
     runner = OrtRunner(exposed, provider=provider)
     names = runner.output_names
     return dict(zip(names, runner.run(names, feeds), strict=True))

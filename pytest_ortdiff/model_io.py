@@ -89,6 +89,22 @@ def load_model(model: Any) -> onnx.ModelProto:
     raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
 
 
+def expose_all_values(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose outputs are its own plus every main-graph node's outputs, so that a runtime
+    returns each intermediate value (blame's drift, the reproducibility localiser)."""
+    import onnx
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    present = {o.name for o in exposed.graph.output}
+    for node in exposed.graph.node:
+        for o in node.output:
+            if o and o not in present:
+                exposed.graph.output.append(onnx.helper.make_empty_tensor_value_info(o))
+                present.add(o)
+    return exposed
+
+
 def parse_model(data: bytes, what: str = "the model's bytes") -> onnx.ModelProto:
     """Serialized bytes -> ModelProto; ModelLoadError naming `what` (a file name, quoted) when they are
     not an ONNX model (protobuf's DecodeError never escapes, nor does a message without a graph)."""

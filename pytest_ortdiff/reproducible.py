@@ -16,6 +16,7 @@ import torch
 from .baseline import bit_mismatches
 from .diff import DiffReport, compare
 from .formatting import g, table
+from .model_io import expose_all_values
 
 __all__ = ["VARIATIONS", "ReproducibilityReport", "Variation", "check_reproducible"]
 
@@ -238,7 +239,7 @@ def check_reproducible(
         variations.append(_diff("deterministic_compute", "use_deterministic_compute=False", "use_deterministic_compute=True", ref, got, names))
         settings.append(({**base, "use_deterministic_compute": False}, {**base, "use_deterministic_compute": True}))
     if localise and any(not v.identical and not v.error for v in variations):
-        exposed = _exposed(m)
+        exposed = expose_all_values(m)
         for at, (v, (a, b)) in enumerate(zip(variations, settings, strict=True)):
             if not v.identical and not v.error:
                 variations[at] = replace(v, first_node=_localise_ort(exposed, m, feeds, provider, a, b, runs))
@@ -305,19 +306,6 @@ _NOT_LOCALISED = (
     "no node's output differs once every value is a graph output: the difference comes from how onnxruntime "
     "rewrites the graph across nodes (a fusion, which exposing every value prevents), or it did not recur"
 )
-
-
-def _exposed(m: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `m` whose outputs are its own plus every node's outputs (main graph)."""
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(m)
-    present = {o.name for o in exposed.graph.output}
-    for node in exposed.graph.node:
-        for o in node.output:
-            if o and o not in present:
-                exposed.graph.output.append(onnx.helper.make_empty_tensor_value_info(o))
-                present.add(o)
-    return exposed
 
 
 def _first_differing(nodes: Sequence[onnx.NodeProto], reference: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> str:
