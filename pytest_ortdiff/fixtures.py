@@ -317,6 +317,8 @@ class OrtDiff:
             self._record(row)
         return result
 
+    # -- checks built on other modules (precision, parity, align, dynamo): each inserts its methods below this line
+
     # -- results -> summary rows, skips, failures ---------------------------------------------------
     def _raise(self, exc: Exception, call: str) -> NoReturn:
         """An exception of the checker, as a test sees it: an op onnxruntime lacks at this dtype skips
