@@ -649,3 +649,65 @@ def test_a_shape_that_depends_on_data_is_guarded() -> None:
     for x, count in [([1, 0, 2, 0], 2), ([1, 0, 2, 0], 2), ([1, 1, 1, 0], 3), ([0, 0, 0, 5], 1), ([1, 0, 2, 0], 2)]:
         (y,) = ev.run(None, {"X": torch.tensor(x, dtype=torch.float32)})
         assert y.item() == count
+
+
+def test_observe_streams_every_node_and_frees_values() -> None:
+    """run(observe=f) sees each node's outputs in execution order, returns the same outputs as a plain run,
+    and holds only the live values: a value is gone once no later node reads it."""
+    from pytest_ortdiff import models
+
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = models.random_feeds(model, dims={"a": 2, "b": 8, "c": 16}, seed=0)
+    ev = TorchEvaluator(model)
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    out = ev.run(None, feeds, observe=lambda node, outs: seen.append((node.op_type, tuple(outs))))
+    assert [op for op, _ in seen] == ["LayerNormalization", "MatMul", "Add"]
+    assert torch.equal(out[0], ev.run(None, feeds)[0])
+    with pytest.raises(ValueError, match="pick one"):
+        ev.run(None, feeds, intermediates=True, observe=lambda node, outs: None)
+
+
+def test_observe_holds_only_live_values() -> None:
+    """On a chain, when node i is observed, of the earlier values only its input is still alive: each value
+    is freed once no later node reads it (weak references tell)."""
+    import weakref
+
+    import onnx.helper as oh
+
+    n = 40
+    nodes = [oh.make_node("Relu" if i % 2 else "Neg", [f"v{i}"], [f"v{i + 1}"]) for i in range(n)]
+    graph = oh.make_graph(nodes, "chain", [oh.make_tensor_value_info("v0", onnx.TensorProto.FLOAT, [4])], [oh.make_tensor_value_info(f"v{n}", onnx.TensorProto.FLOAT, [4])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    ev = TorchEvaluator(model)
+    refs: list[weakref.ref[torch.Tensor]] = []
+    alive: list[int] = []
+
+    def observe(node: onnx.NodeProto, outs: dict[str, torch.Tensor]) -> None:
+        alive.append(sum(r() is not None for r in refs))
+        refs.extend(weakref.ref(v) for v in outs.values())
+
+    ev.run(None, {"v0": np.ones(4, np.float32)}, observe=observe)
+    assert len(alive) == n
+    assert max(alive) <= 1, alive
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_compute_override_matches_a_converted_node(dtype: str) -> None:
+    """kernels={node: "float16"} computes that node as a float16 conversion would (inputs rounded to the
+    half type, the kernel in it), its output cast back: equal to running the node on half inputs."""
+    import onnx.helper as oh
+
+    graph = oh.make_graph(
+        [oh.make_node("MatMul", ["x", "w"], ["y"], name="mm"), oh.make_node("Exp", ["y"], ["z"], name="exp")],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 5]), oh.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [5, 4])],
+        [oh.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [3, 4])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((3, 5), dtype=np.float32), rng.standard_normal((5, 4), dtype=np.float32)
+    half = getattr(torch, dtype)
+    got = TorchEvaluator(model, kernels={"mm": dtype}).run(None, {"x": x, "w": w})[0]
+    want = torch.exp((torch.from_numpy(x).to(half) @ torch.from_numpy(w).to(half)).float())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

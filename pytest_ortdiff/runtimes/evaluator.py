@@ -24,8 +24,12 @@ from .tensors import to_torch
 
 __all__ = ["EvaluatorContext", "KernelOverride", "MissingKernelError", "Subgraph", "TorchEvaluator"]
 
-KernelOverride = Any  # "torch" | "ort" | "float64" | Callable[..., Tensor | tuple[Tensor, ...]]
-_KEY_HELP = 'keys: an op type ("", "LayerNormalization"), a node name, or a predicate f(node) -> bool; values: "torch", "ort", "float64" or a callable f(*inputs)'
+KernelOverride = Any  # "torch" | "ort" | "float64" | "float32" | "float16" | "bfloat16" | Callable[..., Tensor | tuple[Tensor, ...]]
+#: `TorchEvaluator.run(observe=...)`: called with each node and its outputs as they are computed
+Observer = Callable[[onnx.NodeProto, Mapping[str, Any]], None]
+#: override values that compute a node in another floating dtype (its floating outputs cast back)
+_COMPUTE_IN = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_KEY_HELP = 'keys: an op type ("", "LayerNormalization"), a node name, or a predicate f(node) -> bool; values: "torch", "ort", "float64", "float32", "float16", "bfloat16" or a callable f(*inputs)'
 _GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
@@ -62,24 +66,27 @@ class _CallableKernel(Kernel):
         return out if isinstance(out, tuple) else (tuple(out) if isinstance(out, list) else (out,))
 
 
-class _Float64Kernel(Kernel):
-    """The registry's kernel computed in float64, its floating outputs cast back to their declared dtypes."""
+class _ComputeInKernel(Kernel):
+    """The registry's kernel computed in another floating dtype (float64: a node of the oracle; float16 or
+    bfloat16: a node of a half-precision conversion, simulated), its floating outputs cast back to their
+    declared dtypes. float8 inputs stay float8: their rounding is the model's arithmetic."""
 
-    def __init__(self, node: onnx.NodeProto, ctx: KernelContext, inner: Kernel, out_dtypes: Sequence[torch.dtype | None]) -> None:
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext, inner: Kernel, out_dtypes: Sequence[torch.dtype | None], dtype: torch.dtype) -> None:
         super().__init__(node, ctx)
         self.inner = inner
         self.out_dtypes = out_dtypes
+        self.dtype = dtype
 
     def run(self, *inputs: Any) -> tuple[Any, ...]:
-        outs = self.inner.run(*[_to_float64(x) for x in inputs])
+        outs = self.inner.run(*[_to_dtype(x, self.dtype) for x in inputs])
         return tuple(_cast_back(o, dt) for o, dt in zip(outs, self.out_dtypes, strict=False))
 
 
-def _to_float64(x: Any) -> Any:
+def _to_dtype(x: Any, dtype: torch.dtype) -> Any:
     if isinstance(x, torch.Tensor):
-        return x.to(torch.float64) if x.is_floating_point() else x
+        return x.to(dtype) if x.is_floating_point() and x.element_size() >= 2 and x.dtype != dtype else x
     if isinstance(x, list):  # a sequence
-        return [_to_float64(e) for e in x]
+        return [_to_dtype(e, dtype) for e in x]
     return x
 
 
@@ -234,6 +241,29 @@ def _execute(plan: tuple[_Step, ...], values: dict[Any, Any]) -> None:
                     del values[x]
     except Exception as exc:
         if step is None or isinstance(exc, _ShapeChanged):  # an empty plan fails nowhere; a guard is no node
+            raise
+        raise _failure(step, values, exc) from (exc.__cause__ if isinstance(exc, _NodeFailed) else exc)
+
+
+def _execute_observed(plan: tuple[_Step, ...], values: dict[Any, Any], keep: Collection[str], observe: Observer) -> None:
+    """`_execute` calling `observe(node, outputs)` after each node, then freeing what no later node reads
+    (outputs nobody reads included): memory stays at the live values, whatever `observe` looks at."""
+    read = {x for step in plan for x in step.inputs if x} | set(keep)
+    step: _Step | None = None
+    try:
+        for step in plan:
+            res = step.run(*[values[x] if x else None for x in step.inputs])
+            outs = dict(zip(step.outputs, res, strict=False))
+            outs.pop("", None)
+            values.update(outs)
+            observe(step.kernel.node, outs)
+            for x in (step.free1,) if step.free1 is not None else step.free:
+                del values[x]
+            for x in outs:
+                if x not in read:
+                    del values[x]
+    except Exception as exc:
+        if step is None:
             raise
         raise _failure(step, values, exc) from (exc.__cause__ if isinstance(exc, _NodeFailed) else exc)
 
@@ -414,7 +444,8 @@ class TorchEvaluator:
     - `kernels`: overrides, `{key: value}`; a key is an op type `("", "LayerNormalization")` (or a plain
       op type string that names no node), a node name, or a predicate `f(node) -> bool`; a value is
       `"torch"`, `"ort"` (the node run by onnxruntime on the matching provider), `"float64"` (the torch
-      kernel computed in float64, cast back) or a callable `f(*inputs)`. Node names win over op types,
+      kernel computed in float64, cast back; likewise `"float32"`, `"float16"`, `"bfloat16"`: a node of a
+      mixed-precision model, simulated) or a callable `f(*inputs)`. Node names win over op types,
       op types over predicates. Keys reach the nodes inside If/Loop/Scan/SequenceMap bodies too; "ort" or
       "float64" on a node with a body applies to every node of the body without an override of its own
       (the control flow itself stays in torch: it computes nothing).
@@ -577,7 +608,7 @@ class TorchEvaluator:
                 raise TypeError(f"kernels key {key!r}: an op type is a (domain, op_type) pair such as ('', 'MatMul')")
             if isinstance(key, str) and key not in names and key not in self._op_types:
                 raise KeyError(f"kernels key {key!r} names no node and no op type of this model; node names: {sorted(names)[:20]}")
-            if not (value in ("torch", "ort", "float64") or callable(value)):
+            if not (value in ("torch", "ort") or value in _COMPUTE_IN or callable(value)):
                 raise ValueError(f"kernels[{key!r}] = {value!r} is not valid; {_KEY_HELP}")
 
     def _override_for(self, node: onnx.NodeProto) -> KernelOverride | None:
@@ -627,7 +658,7 @@ class TorchEvaluator:
         if callable(override):
             return _CallableKernel(node, ctx, override)
         cls = lookup(domain, node.op_type, ctx.opset)
-        if cls is not None and override in ("ort", "float64") and _has_subgraph(node):
+        if cls is not None and (override == "ort" or override in _COMPUTE_IN) and _has_subgraph(node):
             # control flow computes nothing itself: the override goes to the nodes of its body
             return cls(node, self._context(domain, override))
         if override == "ort":
@@ -639,12 +670,13 @@ class TorchEvaluator:
                 return self._ort_kernel(node, ctx)
             self._missing[label] = ctx.opset
             return None
-        if override == "float64":
-            wide = KernelContext(ctx.device, ctx.opset, torch.float64)
+        if isinstance(override, str) and override in _COMPUTE_IN:
+            dtype = _COMPUTE_IN[override]
+            wide = KernelContext(ctx.device, ctx.opset, dtype)
             out_dtypes = [self._declared_torch_dtype(o, elements=True) if o else None for o in node.output]
             if self.compute_dtype is not None:
                 out_dtypes = [self.compute_dtype if dt is not None and dt.is_floating_point else dt for dt in out_dtypes]
-            return _Float64Kernel(node, ctx, cls(node, wide), out_dtypes)
+            return _ComputeInKernel(node, ctx, cls(node, wide), out_dtypes, dtype)
         return cls(node, ctx)
 
     def _ort_kernel(self, node: onnx.NodeProto, ctx: KernelContext) -> Kernel:
@@ -767,17 +799,29 @@ class TorchEvaluator:
         kind = self._input_kinds.get(name)
         return _describe_type(kind) if kind is not None else _describe(self.input_types[name])
 
-    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], intermediates: bool = False) -> Any:
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], intermediates: bool = False, *, observe: Observer | None = None) -> Any:
         """Outputs as a list (in `output_names` order; None = the graph's outputs), or with
         `intermediates=True` a dict of every value computed (feeds included). Values computed inside a
         subgraph are in it too, by their names; a loop body's (Loop, Scan, SequenceMap) are those of its
-        last iteration. Tensors are torch tensors, sequences lists of them, an empty optional None."""
+        last iteration. Tensors are torch tensors, sequences lists of them, an empty optional None.
+
+        `observe(node, outputs)` streams the intermediates instead: it is called after every top-level node
+        the outputs depend on, in execution order, with `{name: value}` of the node's outputs, and each
+        value is freed as soon as no later node reads it (a body's values are not observed one by one)."""
         outputs = tuple(output_names) if output_names else self._output_tuple
         key = (outputs, intermediates)
         plan = self._plans.get(key) or self._plan(outputs, intermediates)
         prepared = self._prepare_feeds(feeds)
         values: dict[str, Any] = dict(self._initializers)
         values.update(prepared)
+        if observe is not None:
+            if intermediates:
+                raise ValueError("run(..., intermediates=True, observe=f): pick one; observe streams the intermediates, intermediates=True keeps them all")
+            try:
+                _execute_observed(plan, values, outputs, observe)
+            except _NodeFailed as exc:
+                raise RuntimeError(str(exc)) from exc.__cause__
+            return [values[o] for o in outputs]
         shaped = self._shaped[key] if key in self._shaped else self._shape_plans(key, plan)
         try:
             if shaped is None:
