@@ -18,6 +18,7 @@ import onnx
 import onnx.helper as oh
 import torch
 
+from . import progress
 from .diff import DiffReport, compare
 from .dtypes import DType, dtype_of
 from .formatting import g, table
@@ -646,22 +647,25 @@ def blame(
                     continue
                 run_exactly.add(i)
                 spent += reach[i] + 1
-    for i, node in enumerate(named.graph.node):
-        key = node.name
-        skipped = no_op(i)
-        exact = skipped or i in run_exactly
-        if skipped:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = unchanged
-        elif exact:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = swap([i])
-        else:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = estimates.get(i, 0.0), None, None, None, None
-        local_abs, local_ulp = (0.0, 0.0) if skipped else _local_error(node, torch_all, local.get(i))
-        d = _drift(node, torch_all, ort_all, drift_tol)
-        drift = d.max_abs if d is not None else None
-        if d is not None and not d.is_exact and first_divergence is None and (bool(drift_tol.check(d)) if drift_tol is not None else not d.is_exact):
-            first_divergence = f"{key} ({node.op_type}): max abs {g(d.max_abs)}, {d.mismatches:,}/{d.n:,} elements differ"
-        rows.append(BlameRow(key, node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drift, o_abs, o_ulp, skipped=skipped, scope=scopes[i], exact=exact))
+    # a large graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
+    with progress.bar(len(named.graph.node), "ortdiff blame", unit="node", min_total=progress.BLAME_MIN_NODES) as shown:
+        for i, node in enumerate(named.graph.node):
+            key = node.name
+            skipped = no_op(i)
+            exact = skipped or i in run_exactly
+            if skipped:
+                explained, vs_ort, vs_torch, o_abs, o_ulp = unchanged
+            elif exact:
+                explained, vs_ort, vs_torch, o_abs, o_ulp = swap([i])
+            else:
+                explained, vs_ort, vs_torch, o_abs, o_ulp = estimates.get(i, 0.0), None, None, None, None
+            local_abs, local_ulp = (0.0, 0.0) if skipped else _local_error(node, torch_all, local.get(i))
+            d = _drift(node, torch_all, ort_all, drift_tol)
+            drift = d.max_abs if d is not None else None
+            if d is not None and not d.is_exact and first_divergence is None and (bool(drift_tol.check(d)) if drift_tol is not None else not d.is_exact):
+                first_divergence = f"{key} ({node.op_type}): max abs {g(d.max_abs)}, {d.mismatches:,}/{d.n:,} elements differ"
+            rows.append(BlameRow(key, node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drift, o_abs, o_ulp, skipped=skipped, scope=scopes[i], exact=exact))
+            shown.update()
 
     clock.lap("node swaps")
     op_rows: list[BlameRow] = []

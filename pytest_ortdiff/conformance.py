@@ -466,17 +466,25 @@ def run_cases(
 ) -> list[CaseResult]:
     """Run the (selected) node test cases; `ops` keeps cases testing those ops, `pattern` matches names."""
     cases = load_cases() if cases is None else cases
+    from . import progress
+
     by_name = {c.name: c for c in cases}
-    results = []
+    chosen = []
     for case in cases:
         if pattern and not fnmatch.fnmatchcase(case.name, pattern):
             continue
         op = op_under_test(case, by_name)
         if ops and op not in ops:
             continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            results.append(run_case(case, op))
+        chosen.append((case, op))
+    results = []
+    # the whole suite takes a minute or two: a bar on a terminal (silent in CI and when piped)
+    with progress.bar(len(chosen), "conformance", unit="case", min_total=50) as shown:
+        for case, op in chosen:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                results.append(run_case(case, op))
+            shown.update()
     return results
 
 
