@@ -841,8 +841,19 @@ class BaselineOutcome:
         }
 
     def row(self, name: str) -> BaselineRow:
-        """What happened to the file, for the run's summary of baselines."""
-        return BaselineRow(name=name, action=self.action, path=str(self.path), passed=self.passed)
+        """What happened to the file, for the run's summary of baselines and the reports: with the drift's
+        largest absolute change and the environment changes when outputs were compared."""
+        c = self.comparison
+        drift = c.report.max_abs if c is not None and c.report is not None else None
+        return BaselineRow(
+            name=name,
+            action=self.action,
+            path=str(self.path),
+            passed=self.passed,
+            max_abs=float(drift) if drift is not None else None,
+            env_changes=c.env_changes if c is not None else (),
+            message=self.message,
+        )
 
 
 def check_baseline(

@@ -113,6 +113,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "job; written even when no check ran; merge them with `python -m pytest_ortdiff merge`)",
     )
     group.addoption(
+        "--ortdiff-html",
+        dest="ortdiff_html",
+        default=None,
+        metavar="PATH",
+        help="write one self-contained HTML report of the run to PATH (offline: no network, no scripts from "
+        "elsewhere): the tests × provider/dtype matrix as a heat map, each check's histogram, tolerance, blame and "
+        "baseline drift; `python -m pytest_ortdiff merge --html` makes one for several CI jobs",
+    )
+    group.addoption(
         "--ortdiff-baseline-dir",
         dest="ortdiff_baseline_dir",
         default=None,
@@ -207,11 +216,11 @@ def _given_but_empty(value: str | None, option: str, example: str) -> None:
         raise pytest.UsageError(f"{option} is empty; give e.g. {example}")
 
 
-def _json_target(value: str, invocation_dir: Path) -> Path:
-    """Where --ortdiff-json writes, checked before any test runs: a file path whose nearest existing
-    ancestor is a writable directory (missing directories are created when the file is written)."""
+def _json_target(value: str, invocation_dir: Path, option: str = "--ortdiff-json", example: str = "jobs/cpu-float32.json") -> Path:
+    """Where --ortdiff-json (or --ortdiff-html) writes, checked before any test runs: a file path whose
+    nearest existing ancestor is a writable directory (missing directories are created when the file is written)."""
     if not value.strip():
-        raise pytest.UsageError("--ortdiff-json is empty; give a file path such as jobs/cpu-float32.json")
+        raise pytest.UsageError(f"{option} is empty; give a file path such as {example}")
     target = invocation_dir / value  # an absolute value replaces the invocation dir
 
     def shown(p: Path) -> str:
@@ -221,16 +230,17 @@ def _json_target(value: str, invocation_dir: Path) -> Path:
             return str(p)
 
     if target.is_dir():
-        raise pytest.UsageError(f"--ortdiff-json={value}: {shown(target)} is a directory; give a file path such as {Path(value) / 'job.json'}")
+        name = Path(example).name if option == "--ortdiff-html" else "job.json"
+        raise pytest.UsageError(f"{option}={value}: {shown(target)} is a directory; give a file path such as {Path(value) / name}")
     if target.exists() and not target.is_file():
-        raise pytest.UsageError(f"--ortdiff-json={value}: {shown(target)} exists and is not a regular file")
+        raise pytest.UsageError(f"{option}={value}: {shown(target)} exists and is not a regular file")
     parent = target.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise pytest.UsageError(f"--ortdiff-json={value}: {shown(parent)} is a file, not a directory")
+        raise pytest.UsageError(f"{option}={value}: {shown(parent)} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise pytest.UsageError(f"--ortdiff-json={value}: cannot create files in {shown(parent)} (permission denied)")
+        raise pytest.UsageError(f"{option}={value}: cannot create files in {shown(parent)} (permission denied)")
     return target
 
 
@@ -238,6 +248,9 @@ def _json_target(value: str, invocation_dir: Path) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     # before hypothesis's own plugin loads --hypothesis-profile
     _register_hypothesis_profiles()
+    from . import progress
+
+    progress.configure_for_pytest(config)  # long work draws its bar past the capture; none under -q or xdist
     config.addinivalue_line(
         "markers",
         "ortdiff(providers=None, dtypes=None, atol=None, rtol=None, max_ulp=None, budget=None, reproducible=False): run the test "
@@ -298,8 +311,13 @@ def pytest_configure(config: pytest.Config) -> None:
     state.selection = selection.Selection(providers, dtypes, cache_mb)
     results = RunResults(
         json_path=config.getoption("ortdiff_json"),
+        html_path=config.getoption("ortdiff_html"),
         show_reports=bool(config.getoption("ortdiff_reports") or config.getini("ortdiff_reports")),
+        providers=state.selection.providers,
+        dtypes=state.selection.dtypes,
     )
+    if results.html_path is not None and not hasattr(config, "workerinput"):
+        results.html_target = _json_target(results.html_path, config.invocation_params.dir, "--ortdiff-html", "reports/ortdiff.html")
     if results.json_path is not None and not hasattr(config, "workerinput"):  # xdist workers never write it
         results.json_target = _json_target(results.json_path, config.invocation_params.dir)
         try:

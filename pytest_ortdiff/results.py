@@ -1,11 +1,13 @@
-"""Typed results of a run — check rows, skip rows, baseline rows, test outcomes — their JSON form with a
-schema version (the `--ortdiff-json` file `merge` reads back through the same classes), and atomic writes."""
+"""Typed results of a run — check rows, skip rows, baseline rows, test outcomes, the job's environment — their
+JSON form with a schema version (the `--ortdiff-json` file `merge` reads back through the same classes), and atomic writes."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import platform
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -19,6 +21,7 @@ __all__ = [
     "UNFINISHED_RUN",
     "BaselineRow",
     "CheckRow",
+    "Environment",
     "ResultsFile",
     "ResultsFileError",
     "SkipRow",
@@ -28,8 +31,8 @@ __all__ = [
 ]
 
 #: the version of the --ortdiff-json layout this code writes; files without a "schema" are version 1
-#: (results, skips and, later, tests; no ran_on_ort in rows)
-SCHEMA_VERSION = 2
+#: (results, skips and, later, tests; no ran_on_ort in rows); version 2 has no environment and no baselines
+SCHEMA_VERSION = 3
 Outcome = Literal["passed", "xpassed", "skipped", "xfailed", "failed", "error"]
 #: a test's outcome, worst last: a later report of the same test never makes it better
 OUTCOMES: tuple[Outcome, ...] = ("passed", "xpassed", "skipped", "xfailed", "failed", "error")
@@ -152,25 +155,50 @@ class SkipRow:
 @dataclass(frozen=True)
 class BaselineRow:
     """What one check_baseline did to its file: "unchanged", "created", "updated", "replaced corrupted",
-    "missing", "corrupted", "drift" or "within tolerance"."""
+    "missing", "corrupted", "drift" or "within tolerance"; with what a report shows of the drift: the
+    largest absolute change of the outputs since the baseline (None when nothing was compared), the
+    environment changes since it was written as (key, baseline, now), and the message the test saw."""
 
     name: str
     action: str
     path: str
     passed: bool
     test: str | None = None
+    max_abs: float | None = None
+    env_changes: tuple[tuple[str, str, str], ...] = ()
+    message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "action": self.action, "path": self.path, "passed": self.passed}
         if self.test is not None:
             out["test"] = self.test
+        out["max_abs"] = self.max_abs
+        out["environment_changes"] = [{"key": k, "baseline": a, "now": b} for k, a, b in self.env_changes]
+        if self.message is not None:
+            out["message"] = self.message
         return out
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "baseline") -> BaselineRow:
         if not isinstance(data, Mapping) or not isinstance(data.get("path"), str):
             raise ResultsFileError(f"{where} is not a baseline row (an object with a 'path')")
-        return cls(str(data.get("name") or ""), str(data.get("action") or ""), data["path"], bool(data.get("passed")), _text(data.get("test")))
+        changes = data.get("environment_changes")
+        # rows written before drift was recorded have none of the three; a malformed change is left out
+        env = tuple(
+            (str(c.get("key")), str(c.get("baseline")), str(c.get("now")))
+            for c in (changes if isinstance(changes, list) else ())
+            if isinstance(c, Mapping) and isinstance(c.get("key"), str)
+        )
+        return cls(
+            str(data.get("name") or ""),
+            str(data.get("action") or ""),
+            data["path"],
+            bool(data.get("passed")),
+            _text(data.get("test")),
+            _number(data.get("max_abs")),
+            env,
+            _text(data.get("message")),
+        )
 
 
 @dataclass(frozen=True)
@@ -206,6 +234,128 @@ class TestOutcome:
 
 
 # ------------------------------------------------------------------------------------------------
+# the job's environment
+
+
+#: accelerators whose device name torch.cuda reports (ROCm builds of torch answer through torch.cuda too)
+_GPU_PROVIDERS = ("CUDA", "TensorRT", "ROCm", "MIGraphX")
+#: distributions that install the `onnxruntime` module, the plain one first
+_ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn", "ort-nightly", "ort-nightly-gpu")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What produced a job's numbers: library versions, python, platform, the device, and the providers and
+    dtypes the run selected. Every field is None (or empty) when unknown: files of schema 1 and 2 have none."""
+
+    onnxruntime: str | None = None
+    torch: str | None = None
+    onnx: str | None = None
+    numpy: str | None = None
+    python: str | None = None
+    platform: str | None = None
+    device: str | None = None
+    providers: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+
+    _TEXT = ("onnxruntime", "torch", "onnx", "numpy", "python", "platform", "device")
+
+    @property
+    def empty(self) -> bool:
+        return self == Environment()
+
+    @property
+    def label(self) -> str:
+        """The job's name for a person: "CPU float32 · ort 1.32.0 · torch 2.13.0", with the device named for a
+        GPU ("CUDA float16 · NVIDIA H100 80GB HBM3 · ort 1.32.0 · torch 2.13.0"); "" when nothing is known.
+        A CPU's model name is left out: it is long, and the jobs of one matrix share it."""
+        parts = []
+        case = " ".join(p for p in (",".join(self.providers), ",".join(self.dtypes)) if p)
+        if case:
+            parts.append(case)
+        if self.device and any(p in _GPU_PROVIDERS for p in self.providers):
+            parts.append(self.device)
+        if self.onnxruntime:
+            parts.append(f"ort {self.onnxruntime}")
+        if self.torch:
+            parts.append(f"torch {self.torch}")
+        return " · ".join(parts)
+
+    def items(self) -> list[tuple[str, str]]:
+        """(key, value) of what is known, in a stable order, for a report's environment table."""
+        out = [(k, v) for k in self._TEXT if (v := getattr(self, k))]
+        if self.providers:
+            out.append(("providers", ", ".join(self.providers)))
+        if self.dtypes:
+            out.append(("dtypes", ", ".join(self.dtypes)))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in self._TEXT}
+        out["providers"], out["dtypes"] = list(self.providers), list(self.dtypes)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Environment:
+        """Tolerant: a key this version does not know is ignored, a value of the wrong type read as unknown
+        (an environment only labels a job; it never decides a verdict)."""
+        if not isinstance(data, Mapping):
+            return cls()
+
+        def names(value: Any) -> tuple[str, ...]:
+            return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+        return cls(**{k: _text(data.get(k)) for k in cls._TEXT}, providers=names(data.get("providers")), dtypes=names(data.get("dtypes")))
+
+    @classmethod
+    def current(cls, providers: tuple[str, ...] = (), dtypes: tuple[str, ...] = ()) -> Environment:
+        """This machine's, for a run that selected `providers` and `dtypes`. Versions come from the installed
+        distributions' metadata, which imports nothing; torch is imported only to name a GPU when the run
+        selected a GPU provider (an xdist controller that ran no test has not imported it)."""
+        device = _cpu_model()
+        if any(p in _GPU_PROVIDERS for p in providers):
+            with contextlib.suppress(Exception):  # no torch, no CUDA build, a driver error: the CPU is still a device
+                import torch
+
+                if torch.cuda.is_available():
+                    device = torch.cuda.get_device_name()
+        return cls(
+            onnxruntime=_module_version("onnxruntime", _ORT_DISTRIBUTIONS),
+            torch=_module_version("torch", ("torch",)),
+            onnx=_module_version("onnx", ("onnx",)),
+            numpy=_module_version("numpy", ("numpy",)),
+            python=platform.python_version(),
+            platform=f"{platform.system()} {platform.machine()}",
+            device=device,
+            providers=tuple(providers),
+            dtypes=tuple(dtypes),
+        )
+
+
+def _module_version(module: str, distributions: tuple[str, ...]) -> str | None:
+    """The version of `module`: its __version__ when it is imported already (what ran), else the first of
+    `distributions` installed."""
+    from importlib import metadata
+
+    loaded = sys.modules.get(module)
+    version = getattr(loaded, "__version__", None)
+    if isinstance(version, str):
+        return version
+    for dist in distributions:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(dist)
+    return None
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+# ------------------------------------------------------------------------------------------------
 # the file
 
 
@@ -215,7 +365,8 @@ UNFINISHED_RUN = "pytest run (did not finish)"
 
 @dataclass(frozen=True)
 class ResultsFile:
-    """One --ortdiff-json file: every check's row, every named skip, every test's outcome.
+    """One --ortdiff-json file: every check's row, every named skip, every test's outcome, what each
+    check_baseline did, and the environment the job ran in.
 
     `complete` is False in the file a run writes when it starts (`running()`) and in the one an
     interrupted run leaves: such a file carries an "error" outcome for UNFINISHED_RUN (added on
@@ -228,6 +379,8 @@ class ResultsFile:
     tests: tuple[TestOutcome, ...] = ()
     schema: int = SCHEMA_VERSION
     complete: bool = True
+    environment: Environment = Environment()
+    baselines: tuple[BaselineRow, ...] = ()
 
     @classmethod
     def running(cls, started: str | None = None) -> ResultsFile:
@@ -250,7 +403,28 @@ class ResultsFile:
             "results": [r.to_dict() for r in self.results],
             "skips": [s.to_dict() for s in self.skips],
             "tests": [t.to_dict() for t in self.tests],
+            "baselines": [b.to_dict() for b in self.baselines],
+            "environment": self.environment.to_dict(),
         }
+
+    def test_rows(self) -> tuple[CheckRow, ...]:
+        """A row for each test that failed or errored while no failed check of it says why: it failed before
+        its check, without any, or after its checks passed (a missing or corrupted baseline, an assert of
+        its own). `worst` says what happened; a summary that showed only the check rows would say "passed"."""
+        out = []
+        for t in self.tests:
+            if t.outcome not in ("failed", "error"):
+                continue
+            own = [r for r in self.results if r.test == t.test or r.test.startswith(t.test + " [")]
+            if any(not r.ok for r in own):
+                continue
+            stored = [b for b in self.baselines if b.test == t.test and b.action in ("missing", "corrupted")]
+            if stored:
+                why = "; ".join(f"baseline {b.name!r} {b.action}" for b in stored)
+            else:
+                why = "its checks passed; the test failed" if own else "no check ran"
+            out.append(CheckRow(t.test, t.provider, t.dtype, worst=why, outcome=t.outcome))
+        return tuple(out)
 
     @classmethod
     def from_dict(cls, data: Any) -> ResultsFile:
@@ -273,7 +447,11 @@ class ResultsFile:
         complete = data.get("complete", True)  # files written before it existed were written at the end
         if not isinstance(complete, bool):
             raise ResultsFileError(f"'complete' is not true or false (got {complete!r})")
-        out = cls(rows, skips, tests, version, complete)
+        baselines = data.get("baselines", [])  # schema 1 and 2 files have none
+        if not isinstance(baselines, list):
+            raise ResultsFileError("'baselines' is not a list")
+        stored = tuple(BaselineRow.from_dict(b, f"baselines[{i}]") for i, b in enumerate(baselines))
+        out = cls(rows, skips, tests, version, complete, Environment.from_dict(data.get("environment")), stored)
         if not complete and not any(t.test == UNFINISHED_RUN and t.outcome == "error" for t in tests):
             out = replace(out, tests=(TestOutcome(UNFINISHED_RUN, "error", message="the run writing this file did not finish"), *tests))
         return out

@@ -1,15 +1,27 @@
 """Result collection across a pytest run, xdist included: the rows the fixtures attach to test reports and
-every test's outcome, into the --ortdiff-json file (atomically) and the terminal summary."""
+every test's outcome, into the --ortdiff-json file (atomically), the --ortdiff-html report and the terminal summary."""
 
 from __future__ import annotations
 
+import os
+import sys
+import textwrap
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from .results import OUTCOMES, BaselineRow, CheckRow, Outcome, ResultsFile, SkipRow, TestOutcome
+from .results import (
+    OUTCOMES,
+    BaselineRow,
+    CheckRow,
+    Environment,
+    Outcome,
+    ResultsFile,
+    SkipRow,
+    TestOutcome,
+)
 
 __all__ = ["BASELINE_KEY", "CASE_KEY", "RESULT_KEY", "SKIP_KEY", "RunResults"]
 
@@ -20,6 +32,8 @@ SKIP_KEY = "ortdiff_skip"
 BASELINE_KEY = "ortdiff_baseline"
 #: the (provider, dtype) a test was parametrized with
 CASE_KEY = "ortdiff_case"
+#: the terminal's matrix shows every test up to this many, beyond only those with a case that did not pass
+_MATRIX_ROWS = 40
 
 
 @dataclass(eq=False)  # a plugin object: hashed by identity
@@ -29,13 +43,20 @@ class RunResults:
 
     json_path: str | None = None
     json_target: Path | None = None
+    html_path: str | None = None
+    html_target: Path | None = None
     show_reports: bool = False
+    #: what the run selected, for the environment in the JSON file and the HTML report
+    providers: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
     results: list[CheckRow] = field(default_factory=list)
     tests: dict[str, TestOutcome] = field(default_factory=dict)
     skips: list[SkipRow] = field(default_factory=list)
     baselines: list[BaselineRow] = field(default_factory=list)
     json_message: str = ""
     json_failed: bool = False
+    html_message: str = ""
+    html_failed: bool = False
     interrupted: bool = False
 
     # -- collecting (hooks: this object is registered as a plugin) --------------------------------
@@ -51,6 +72,8 @@ class RunResults:
                 entry = replace(entry, outcome=outcome)
             if outcome in ("failed", "error") and entry.message is None:
                 entry = replace(entry, message=_message(report))
+            elif outcome == "skipped" and entry.message is None:
+                entry = replace(entry, message=_skip_reason(report))
             self.tests[report.nodeid] = entry
         for key, item in report.user_properties:
             value = cast(dict[str, Any], item)
@@ -82,40 +105,72 @@ class RunResults:
         if self.json_target is not None:
             ResultsFile.running().write(self.json_target)
 
+    def results_file(self, environment: bool = True) -> ResultsFile:
+        """Everything collected so far, as the --ortdiff-json file holds it (with this machine's environment
+        unless `environment` is False: the summary needs none, and it costs a look at installed packages)."""
+        env = Environment.current(self.providers, self.dtypes) if environment else Environment()
+        return ResultsFile(tuple(self.results), tuple(self.skips), tuple(self.tests.values()), environment=env, baselines=tuple(self.baselines))
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         # runs inside the terminal reporter's own sessionfinish, before the summary that reports it; under
-        # xdist only the controller has a target (the workers' reports reach it through logreport)
-        if self.json_target is None:
+        # xdist only the controller has targets (the workers' reports reach it through logreport)
+        if self.json_target is None and self.html_target is None:
             return
-        data = ResultsFile(tuple(self.results), tuple(self.skips), tuple(self.tests.values()))
+        data = self.results_file()
         if self.interrupted:
             # Ctrl-C (or a test raising KeyboardInterrupt): what ran is kept, the run stays incomplete
             data = data.incomplete(why="interrupted")
-        try:
-            data.write(self.json_target)
-        except OSError as exc:
-            # a CI job must not go green without its report
-            self.json_message, self.json_failed = f"ortdiff: could not write {self.json_path}: {exc}", True
-            if session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
-        else:
-            self.json_message = f"ortdiff: wrote {len(self.results)} result(s) to {self.json_path}"
+        if self.json_target is not None:
+            try:
+                data.write(self.json_target)
+            except OSError as exc:
+                # a CI job must not go green without its report
+                self.json_message, self.json_failed = f"ortdiff: could not write {self.json_path}: {exc}", True
+            else:
+                self.json_message = f"ortdiff: wrote {_contents(data)} to {self.json_path}"
+        if self.html_target is not None:
+            from .htmlreport import write_html
+
+            try:
+                write_html(self.html_target, [data], None)
+            except OSError as exc:
+                self.html_message, self.html_failed = f"ortdiff: could not write {self.html_path}: {exc}", True
+            else:
+                self.html_message = f"ortdiff: wrote the HTML report to {self.html_path}"
+        if (self.json_failed or self.html_failed) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from .report import render_table
+        from .matrix import pivot
 
         tr = terminalreporter
-        if self.results:
+        width = _terminal_width(tr)
+        data = self.results_file(environment=False)
+        rows = _summary_rows(data)
+        if rows:
             tr.write_sep("=", "ortdiff summary")
-            for line in render_table(self.results).splitlines():
+            for line in _row_table(rows, width):
                 tr.write_line(line)
+        matrix = pivot([data], ["this run"])
+        if matrix.cases > 1:
+            # several cases: the same tests side by side, one column per provider × dtype; a long run's
+            # matrix keeps the tests with a case that did not pass (the row table above has every check)
+            tr.write_sep("-", "ortdiff matrix: tests × provider, dtype")
+            shown = matrix.tests if len(matrix.tests) <= _MATRIX_ROWS else matrix.failing_tests()
+            if shown:
+                for line in matrix.render_text(width or sys.maxsize, notes=False, tests=shown).splitlines():
+                    tr.write_line(line)
+            if len(shown) < len(matrix.tests):
+                passed = len(matrix.tests) - len(shown)
+                tr.write_line(f"{passed} of {len(matrix.tests)} tests passed in every case and are not shown (--ortdiff-html has them all)")
         if self.skips:
             tr.write_sep("-", "ortdiff: holes in the provider × dtype matrix")
             grouped: dict[str, int] = {}
             for s in self.skips:
                 grouped[s.reason] = grouped.get(s.reason, 0) + 1
             for reason, count in sorted(grouped.items()):
-                tr.write_line(f"{count} test(s) skipped: {reason}")
+                for line in _wrapped(f"{count} test(s) skipped: {reason}", width):
+                    tr.write_line(line)
         _baseline_summary(tr, self.baselines)
         if self.show_reports and self.results:
             from .diff import DiffReport
@@ -126,8 +181,80 @@ class RunResults:
                 if row.report is not None:
                     tr.write_line(DiffReport.from_dict(dict(row.report)).render())
                 tr.write_line("")
-        if self.json_message:
-            tr.write_line(self.json_message, red=self.json_failed)
+        for message, failed in ((self.json_message, self.json_failed), (self.html_message, self.html_failed)):
+            if message:
+                tr.write_line(message, red=failed)
+
+
+def _contents(data: ResultsFile) -> str:
+    """"4 check results, 6 test outcomes, 1 skip": what a file holds, each kind counted."""
+
+    def count(n: int, noun: str) -> str:
+        return f"{n} {noun}" + ("" if n == 1 else "s")
+
+    parts = [count(len(data.results), "check result"), count(len(data.tests), "test outcome")]
+    if data.skips:
+        parts.append(count(len(data.skips), "skip"))
+    if data.baselines:
+        parts.append(count(len(data.baselines), "baseline result"))
+    return ", ".join(parts)
+
+
+def _summary_rows(data: ResultsFile) -> list[CheckRow]:
+    """The summary table's rows: every check's, and after a test's checks a row for the test when it failed
+    while its checks passed, or before any check (a missing baseline, an exception): its check rows alone
+    would say "passed". Tests without a provider × dtype case are pytest's own business."""
+    rows = list(data.results)
+    for extra in data.test_rows():
+        if extra.provider is None:
+            continue
+        own = [i for i, r in enumerate(rows) if r.test == extra.test or r.test.startswith(extra.test + " [")]
+        rows.insert(own[-1] + 1 if own else len(rows), extra)
+    return rows
+
+
+def _terminal_width(tr: Any) -> int | None:
+    """The terminal's width (pytest's), when there is a terminal or $COLUMNS says how wide it is; None for
+    output to a file or a pipe (a CI log), which keeps every table whole rather than fitted to a guess."""
+    writer = tr._tw
+    stream = getattr(writer, "_file", None)
+    isatty = getattr(stream, "isatty", None)
+    if not ((callable(isatty) and isatty()) or os.environ.get("COLUMNS", "").strip().isdigit()):
+        return None
+    return int(writer.fullwidth)
+
+
+def _row_table(rows: list[CheckRow], width: int | None) -> list[str]:
+    """The row table, fitted to `width`: as it is when it fits; with the test ids elided in the middle of
+    their path when that is enough; else one block per row (the id, then its numbers, then its worst line)."""
+    from .matrix import elide
+    from .report import _worst, render_table
+
+    lines = render_table(rows).splitlines()
+    if width is None or max(len(line) for line in lines) <= width:
+        return lines
+    test_w = max(len("test"), *(len(r.test) for r in rows))
+    room = width - (max(len(line) for line in lines) - test_w)
+    if room >= min(test_w, 32):
+        return render_table([replace(r, test=elide(r.test, room)) for r in rows]).splitlines()
+    from .formatting import g
+
+    out: list[str] = []
+    for i, r in enumerate(rows):
+        if i == 0 or rows[i - 1].test != r.test:  # (a test's own row follows its check's: one id for both)
+            out.append(elide(r.test, width))
+        if r.max_abs is None and r.max_rel is None:  # a test's own row: what happened to it
+            line = f"{r.provider or '-'} {r.dtype or '-'}  {r.outcome or '-'}: {_worst(r)}"
+        else:
+            line = f"{r.provider or '-'} {r.dtype or '-'}  {r.outcome or '-'}  max abs {g(r.max_abs)}  max rel {g(r.max_rel)}  {_worst(r)}"
+        out += _wrapped(line, width, "    ")
+    return out
+
+
+def _wrapped(text: str, width: int | None, indent: str = "") -> list[str]:
+    if width is None:
+        return [indent + text]
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False) or [indent]
 
 
 def _baseline_summary(tr: Any, rows: list[BaselineRow]) -> None:
@@ -160,6 +287,15 @@ def _message(report: pytest.TestReport | pytest.CollectReport) -> str:
         text = errors[-1] if errors else next((line.strip() for line in lines if line.strip()), "")
     first = text.strip().splitlines()[0] if text.strip() else ""
     return first if len(first) <= 300 else first[:297] + "..."
+
+
+def _skip_reason(report: pytest.TestReport) -> str | None:
+    """A skip's reason ("not today" from pytest.skip("not today")), None when pytest gives none."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        reason = str(longrepr[2])
+        return reason.removeprefix("Skipped: ") or None
+    return None
 
 
 def _outcome(report: pytest.TestReport) -> Outcome | None:

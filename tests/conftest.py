@@ -26,6 +26,17 @@ import torch  # noqa: F401
 import pytest_ortdiff.diff
 import pytest_ortdiff.runtimes.evaluator  # noqa: F401
 
+# -- the terminal's width ---------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """xdist workers run with COLUMNS=80 in their environment, which the summary takes as a terminal 80
+    columns wide; the pytester runs of this suite print their tables as to a pipe, whatever the worker.
+    A test about the width sets COLUMNS itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 # -- the command line, in-process ------------------------------------------------------------------
 
 

@@ -54,7 +54,7 @@ def test_merge_reports_written_by_pytest_runs(pytester: pytest.Pytester, seed_te
     pytester.makepyfile(test_seed=seed_test('dtypes=["float32", "float16"]', dims='{"a": 2, "b": 8, "c": 16}'))
     pytester.runpytest("--ort-dtypes=float32", "--ortdiff-json=jobs/cpu-float32.json").assert_outcomes(passed=1)
     pytester.runpytest("--ort-dtypes=float16", "--ortdiff-json=jobs/cpu-float16.json").assert_outcomes(passed=1)
-    out = cli("merge", "jobs/cpu-float32.json", "jobs/cpu-float16.json", cwd=pytester.path)
+    out = cli("merge", "jobs/cpu-float32.json", "jobs/cpu-float16.json", "--rows", cwd=pytester.path)  # (two cases: the matrix without --rows)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].split() == ["test", "provider", "dtype", "max", "abs", "max", "rel", "worst", "budget", "line", "result"]
@@ -72,7 +72,7 @@ def test_merge_markdown_strict_and_skips(tmp_path: Path, cli: Callable[..., Any]
         [_row("t.py::a[CPU-float16]", "float16", False, max_abs=0.25)],
         skips=[{"provider": "CPU", "dtype": "bfloat16", "reason": "CPU-bfloat16: onnxruntime CPUExecutionProvider has no bfloat16 kernel for MatMul(13)", "test": "t.py::a[CPU-bfloat16]"}],
     )
-    out = cli("merge", str(a), str(b), "--markdown")
+    out = cli("merge", str(a), str(b), "--markdown", "--rows")  # (two cases: the matrix without --rows)
     assert out.returncode == 0  # a failed check is reported, not an error, without --strict
     lines = out.stdout.splitlines()
     assert lines[:4] == [
@@ -169,7 +169,7 @@ def test_merge_old_and_new_files_strict_on_failed_tests(tmp_path: Path, cli: Cal
             {"test": "t.py::c", "outcome": "skipped"},
         ],
     )
-    out = cli("merge", str(old), str(new), "--label-from-file", "--strict")
+    out = cli("merge", str(old), str(new), "--label-from-file", "--strict", "--rows")  # (two cases: the matrix without --rows)
     assert out.returncode == 1
     lines = out.stdout.splitlines()
     assert lines[1:4] == [

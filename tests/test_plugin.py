@@ -293,7 +293,7 @@ def test_reports_and_json(pytester: pytest.Pytester, seed_test: Callable[..., st
     pytester.makepyfile(test_seed=seed_test("dtypes=['float32']"))
     result = pytester.runpytest("--ortdiff-reports", "--ortdiff-json=out/results.json")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*- ortdiff reports -*", "test_seed.py::test_lnmm[[]CPU-float32[]] (passed; tolerance *)", "output 'Z'  float32[[]2x16x32[]]  n=1,024", "*wrote 1 result(s) to out*results.json"])
+    result.stdout.fnmatch_lines(["*- ortdiff reports -*", "test_seed.py::test_lnmm[[]CPU-float32[]] (passed; tolerance *)", "output 'Z'  float32[[]2x16x32[]]  n=1,024", "*wrote 1 check result, 1 test outcome to out*results.json"])
     data = json.loads((pytester.path / "out" / "results.json").read_text())
     (row,) = data["results"]
     assert row["test"] == "test_seed.py::test_lnmm[CPU-float32]"

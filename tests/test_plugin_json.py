@@ -71,7 +71,13 @@ def test_json_records_every_test_outcome(pytester: pytest.Pytester) -> None:
             "dtype": "float32",
             "message": "RuntimeError: fixture broke",
         },
-        "test_mixed.py::test_skipped[CPU-float32]": {"test": "test_mixed.py::test_skipped[CPU-float32]", "outcome": "skipped", "provider": "CPU", "dtype": "float32"},
+        "test_mixed.py::test_skipped[CPU-float32]": {
+            "test": "test_mixed.py::test_skipped[CPU-float32]",
+            "outcome": "skipped",
+            "provider": "CPU",
+            "dtype": "float32",
+            "message": "not today",  # (the skip's reason, which the matrix shows)
+        },
     }
 
 
@@ -99,7 +105,7 @@ def test_json_is_written_when_no_check_ran(pytester: pytest.Pytester, cli: Calla
     pytester.makepyfile(test_plain="def test_a():\n    assert False\n\ndef test_b():\n    pass\n")
     result = pytester.runpytest("--ortdiff-json=jobs/job.json")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["ortdiff: wrote 0 result(s) to jobs*job.json"])
+    result.stdout.fnmatch_lines(["ortdiff: wrote 0 check results, 2 test outcomes to jobs*job.json"])
     data = json.loads((pytester.path / "jobs" / "job.json").read_text())
     assert data["results"] == [] and data["skips"] == []
     assert [(t["test"], t["outcome"]) for t in data["tests"]] == [("test_plain.py::test_a", "failed"), ("test_plain.py::test_b", "passed")]
@@ -120,16 +126,35 @@ def test_json_records_a_collection_error(pytester: pytest.Pytester, cli: Callabl
     assert re.split(r"\s{2,}", out.stdout.splitlines()[1]) == ["test_broken.py", "-", "-", "-", "-", "no check ran", "error"]
 
 
-def test_summary_and_json_under_xdist(pytester: pytest.Pytester, seed_test: Callable[..., str], xdist_args: list[str]) -> None:
-    """One run on two workers: the summary table has every worker's rows, and the controller alone writes
-    the JSON file with every test's outcome."""
+def test_summary_json_and_html_under_xdist(pytester: pytest.Pytester, seed_test: Callable[..., str], xdist_args: list[str]) -> None:
+    """One run on two workers: the summary table has every worker's rows, the matrix sets the run's two cases
+    side by side, and the controller alone writes the JSON file (every test's outcome, the job's environment)
+    and the HTML report, saying what it wrote (trip-up 5: not "3 result(s)" for a file of 3 checks and 7 tests)."""
     pytester.makepyfile(test_mixed=MIXED, test_seed=seed_test("dtypes=['float32', 'float16']"))
-    result = pytester.runpytest(*xdist_args, "--ortdiff-json=job.json")
+    result = pytester.runpytest(*xdist_args, "--ortdiff-json=job.json", "--ortdiff-html=reports/run.html")
     result.assert_outcomes(passed=3, failed=2, errors=1, skipped=1)
     result.stdout.fnmatch_lines(["*= ortdiff summary =*"])
     result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float16[]] * passed"])
     result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float32[]] * passed"])
-    result.stdout.fnmatch_lines(["ortdiff: wrote 3 result(s) to job.json"])
+    result.stdout.fnmatch_lines(
+        [
+            "*- ortdiff matrix: tests × provider, dtype -*",
+            "test * CPU float32 * CPU float16",
+            "test_mixed.py",
+            "  test_checked * ok * -",
+            "  test_fails_before_check * FAIL * -",
+            "  test_setup_error * ERROR * -",
+            "  test_skipped * skip * -",
+            "test_seed.py",
+            "  test_lnmm * ok * (* ulp) * ok * (* ulp)",
+        ]
+    )
+    result.stdout.fnmatch_lines(["ortdiff: wrote 3 check results, 7 test outcomes to job.json", "ortdiff: wrote the HTML report to reports/run.html"])
+    data = json.loads((pytester.path / "job.json").read_text())
+    assert data["schema"] == 3
+    env = data["environment"]
+    assert (env["providers"], env["dtypes"]) == (["CPU"], ["float32"])  # what the run selected (the marker narrows it per test)
+    assert env["onnxruntime"] == __import__("onnxruntime").__version__ and env["torch"] == __import__("torch").__version__
     tests = _tests(pytester.path / "job.json")
     assert {k: v["outcome"] for k, v in tests.items() if k.startswith("test_mixed")} == {
         "test_mixed.py::test_checked[CPU-float32]": "passed",
@@ -140,6 +165,8 @@ def test_summary_and_json_under_xdist(pytester: pytest.Pytester, seed_test: Call
     }
     assert tests["test_mixed.py::test_fails_before_check[CPU-float32]"]["provider"] == "CPU"
     assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith("job")) == ["job.json"]
+    html = (pytester.path / "reports" / "run.html").read_text()
+    assert html.lstrip().lower().startswith("<!doctype html") and "test_lnmm" in html  # (its content: tests/test_htmlreport.py)
 
 
 def test_json_xfail_and_teardown_error(pytester: pytest.Pytester) -> None:
@@ -170,10 +197,11 @@ def test_json_xfail_and_teardown_error(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("make", "arg", "message"),
     [
-        ("dir", "jobs", "*--ortdiff-json=jobs: jobs is a directory; give a file path such as jobs/job.json*"),
-        ("file", "jobs/job.json", "*--ortdiff-json=jobs/job.json: jobs is a file, not a directory*"),
+        ("dir", "--ortdiff-json=jobs", "*--ortdiff-json=jobs: jobs is a directory; give a file path such as jobs/job.json*"),
+        ("file", "--ortdiff-json=jobs/job.json", "*--ortdiff-json=jobs/job.json: jobs is a file, not a directory*"),
+        ("dir", "--ortdiff-html=jobs", "*--ortdiff-html=jobs: jobs is a directory; give a file path such as jobs/ortdiff.html*"),
     ],
-    ids=["existing-directory", "parent-is-a-file"],
+    ids=["existing-directory", "parent-is-a-file", "html-existing-directory"],
 )
 def test_bad_json_path_is_a_usage_error_before_any_test_runs(pytester: pytest.Pytester, make: str, arg: str, message: str) -> None:
     if make == "dir":
@@ -181,7 +209,7 @@ def test_bad_json_path_is_a_usage_error_before_any_test_runs(pytester: pytest.Py
     else:
         (pytester.path / "jobs").write_text("not a directory")
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
-    result = pytester.runpytest(f"--ortdiff-json={arg}")
+    result = pytester.runpytest(arg)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
     assert "passed" not in result.stdout.str()
@@ -381,3 +409,48 @@ def test_the_json_file_is_never_written_through_a_symlink(pytester: pytest.Pytes
     target = pytester.path / "job.json"
     assert not target.is_symlink() and json.loads(target.read_text())["tests"][0]["outcome"] == "passed"
     assert oct(target.stat().st_mode & 0o777) == oct(0o644)
+
+
+# -- the terminal summary: what happened to each test, within the terminal's width (issue 14) -----------------
+
+
+LONG_ID_TEST = """
+import pytest
+import torch
+from pytest_ortdiff import models
+
+@pytest.mark.ortdiff(dtypes=["float32", "float16"])
+@pytest.mark.parametrize("rows", [3])
+def test_layer_norm_matmul_add_then_compared_with_its_stored_baseline(ortdiff, rows):
+    model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+    feeds = models.random_feeds(model, dims={"a": 1, "b": rows, "c": 8}, seed=0)
+    ortdiff.check(model, feeds)
+    ortdiff.check_baseline("out", torch.zeros(4))  # none stored: the test fails after its check passed
+"""
+
+
+def test_summary_fits_the_terminal_and_says_a_missing_baseline_failed_the_test(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trip-ups 1 and 8: under an 80-column terminal every ortdiff table fits (test ids elided in the middle,
+    the parametrize id kept), and a test whose check passed but whose baseline is missing gets a row that
+    says so, not only its check's "passed"; the matrix sets float32 and float16 side by side."""
+    monkeypatch.setenv("COLUMNS", "80")
+    pytester.makepyfile(test_a_module_with_a_long_name_for_numerical_regression_checks=LONG_ID_TEST)
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    result.assert_outcomes(failed=2)
+    lines = result.stdout.lines
+    ours = lines[lines.index(next(line for line in lines if " ortdiff summary " in line)) : lines.index(next(line for line in lines if " short test summary info " in line))]
+    assert max(map(len, ours)) <= 80, "\n".join(line for line in ours if len(line) > 80)
+    for dtype in ("float32", "float16"):
+        i = ours.index(next(line for line in ours if line.endswith(f"[CPU-{dtype}-3]")))
+        assert ours[i].startswith("test_a…") and ".py::test_layer_no…" in ours[i] and len(ours[i]) == 80  # (the id is 142 characters)
+        assert ours[i + 1].startswith(f"    CPU {dtype}  passed  max abs ")  # the check (its worst line may wrap)
+        j = next(j for j in range(i + 2, len(ours)) if not ours[j].startswith("      "))
+        assert ours[j] == f"    CPU {dtype}  failed: baseline 'out' missing"  # the test
+    matrix = ours[ours.index(next(line for line in ours if " ortdiff matrix: " in line)) + 1 :]
+    assert matrix[0].split() == ["test", "CPU", "float32", "CPU", "float16"]
+    assert matrix[1] == "test_a_module_with_a_long_name_for_numerical_regression_checks.py"  # (a module's tests under it)
+    assert matrix[2].startswith("  test_layer…") and "_baseline[3]  FAIL " in matrix[2] and matrix[2].count("FAIL") == 2
+    # trip-up 5: what was written, counted by kind
+    result.stdout.fnmatch_lines(["ortdiff: wrote 2 check results, 2 test outcomes, 2 baseline results to job.json"])
+    baselines = json.loads((pytester.path / "job.json").read_text())["baselines"]
+    assert [(b["action"], b["passed"], b["max_abs"], b["message"].splitlines()[0][:22]) for b in baselines] == [("missing", False, None, "ortdiff: no baseline '")] * 2

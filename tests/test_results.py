@@ -62,7 +62,7 @@ def test_a_file_round_trips_with_its_schema_version(tmp_path: Path) -> None:
     path = tmp_path / "jobs" / "job.json"
     data.write(path)
     raw = json.loads(path.read_text())
-    assert raw["schema"] == SCHEMA_VERSION == 2
+    assert raw["schema"] == SCHEMA_VERSION == 3
     assert raw["results"][0]["ran_on_ort"] == ["Conv", "com.microsoft::FusedMatMul"]
     assert ResultsFile.read(path) == data
     assert [p.name for p in path.parent.iterdir()] == ["job.json"]  # no temporary left
@@ -79,8 +79,8 @@ def test_a_file_without_schema_reads_as_version_1(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
-        (3, "{path}: schema version 3 is newer than this pytest-ortdiff reads (1 to 2); upgrade pytest-ortdiff to merge it"),
-        ("2.0", "{path}: unknown schema version '2.0' (this pytest-ortdiff reads versions 1 to 2)"),
+        (4, "{path}: schema version 4 is newer than this pytest-ortdiff reads (1 to 3); upgrade pytest-ortdiff to merge it"),
+        ("2.0", "{path}: unknown schema version '2.0' (this pytest-ortdiff reads versions 1 to 3)"),
     ],
     ids=["newer", "unknown"],
 )
