@@ -1,0 +1,333 @@
+"""keep_float32: the smallest verified keep-in-float32 list. On the T5-like module (tests/t5_like.py) exported to
+ONNX: the list makes the float16 model meet its budget on onnxruntime, is 10x smaller than the range-only
+rule's and smaller than the op-type block list, with a smaller error than both; its simulation is the converted
+model bit for bit. On small graphs: 1-minimality (checked by onnx.reference), the ends that are not a list,
+bfloat16, the report's forms, and the `ortdiff.check_half_precision` check in real pytest runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx.reference import ReferenceEvaluator
+from t5_like import T5Like, export_t5_like, t5_feeds
+
+from pytest_ortdiff import TorchEvaluator, compare, models
+from pytest_ortdiff.precision import KeepReport, keep_float32
+from pytest_ortdiff.precision.keep import (
+    OP_TYPE_BLOCK_LIST,
+    _float32_values,
+    _Simulator,
+    convert_half,
+)
+from pytest_ortdiff.runtimes.ort import OrtRunner
+from pytest_ortdiff.tolerance import Tolerance
+
+#: at most 1 % of elements off by more than 0.01, none by more than 0.1 (outputs are about ±3)
+BUDGET = {1e-2: 0.01, 0.1: 0.0}
+TOL = Tolerance(budget=BUDGET)
+#: the converter's own op_block_list, as far as the T5-like graph goes
+DEFAULT_BLOCKED = ("Range", "Min")
+
+
+@pytest.fixture(scope="session")
+def t5() -> tuple[T5Like, onnx.ModelProto, list[dict[str, torch.Tensor]]]:
+    module = T5Like()
+    return module, export_t5_like(module), t5_feeds(samples=2)
+
+
+@pytest.fixture(scope="session")
+def t5_report(t5: Any) -> KeepReport:
+    _, model, feeds = t5
+    return keep_float32(model, feeds, tolerance=TOL)
+
+
+@pytest.fixture(scope="session")
+def t5_truth(t5: Any) -> list[torch.Tensor]:
+    """The module in eager float64: the oracle, independent of the ONNX graph and the evaluator."""
+    module, _, feeds = t5
+    wide = copy.deepcopy(module).double()
+    with torch.no_grad():
+        return [wide(f["input_ids"]) for f in feeds]
+
+
+def _broken(expected: torch.Tensor, got: torch.Tensor) -> list[Any]:
+    report = compare(expected.float(), got.float(), thresholds=sorted(BUDGET))
+    return TOL.check(report)
+
+
+def _max_error(expected: torch.Tensor, got: torch.Tensor) -> float:
+    d = (got.double() - expected).abs()
+    return math.inf if not bool(torch.isfinite(got).all()) else float(d.max())
+
+
+def test_t5_keep_list_meets_the_budget_on_onnxruntime_and_in_float16_arithmetic(
+    t5: Any, t5_truth: list[torch.Tensor], t5_report: KeepReport
+) -> None:
+    _, _, feeds = t5
+    assert t5_report.status == "verified", t5_report.render()
+    converted = t5_report.converted_model
+    assert converted is not None
+    onnx.checker.check_model(converted)
+    runner = OrtRunner(converted.SerializeToString())
+    half = TorchEvaluator(converted)
+    errors = {"ort": 0.0, "half": 0.0}
+    for f, truth in zip(feeds, t5_truth, strict=True):
+        for key, got in (("ort", runner.run(None, f)[0]), ("half", half.run(None, f)[0])):
+            assert _broken(truth, got) == []
+            errors[key] = max(errors[key], _max_error(truth, got))
+    # the report's errors, measured against the evaluator's float64 oracle, are the eager module's too
+    _, ort, arith = t5_report.results[0].outcomes
+    assert math.isclose(ort.max_abs, errors["ort"], abs_tol=1e-5) and math.isclose(
+        arith.max_abs, errors["half"], abs_tol=1e-5
+    )
+    # the kept nodes compute in float32 in the converted model: their float inputs are float32 there
+    types = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in onnx.shape_inference.infer_shapes(converted).graph.value_info
+    }
+    for node in converted.graph.node:
+        if node.name in t5_report.keep:
+            floats = [
+                types[x]
+                for x in node.input
+                if types.get(x) in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+            ]
+            assert floats and set(floats) == {onnx.TensorProto.FLOAT}, node.name
+
+
+def test_t5_list_is_ten_times_smaller_than_the_range_only_rule_and_beats_the_op_type_list(
+    t5: Any, t5_report: KeepReport
+) -> None:
+    """Sizes, and each list's converted model in float16 arithmetic against the oracle (the report's numbers:
+    the test above and the one below check the report's runtimes against eager float64 and bit for bit)."""
+    _, model, _ = t5
+    ours, by_op, ranged = (
+        t5_report.result(m) for m in ("keep_float32", "op-type block list", "range-only rule")
+    )
+    assert 0 < 10 * t5_report.size <= len(ranged.nodes), t5_report.render()
+    assert (
+        t5_report.size
+        < len(by_op.nodes)
+        == sum(n.op_type in OP_TYPE_BLOCK_LIST for n in model.graph.node)
+    )
+    half = [r.outcomes[2] for r in (ours, by_op, ranged)]
+    assert [o.runtime for o in half] == ["float16 arithmetic"] * 3
+    assert half[0].passed and half[0].max_abs <= min(half[1].max_abs, half[2].max_abs), (
+        t5_report.render()
+    )
+    # the range-only list does not even fix the model; the op-type list keeps Softmax, not an Exp
+    # written out: NaN
+    assert half[0].max_abs < 0.1 < half[2].max_abs
+    assert math.isinf(half[1].max_abs)
+    assert ours.verified and not ranged.verified and not by_op.verified
+    # the simulation agrees with the converted model for every list
+    for r in t5_report.results:
+        assert r.outcomes[0].max_abs == r.outcomes[2].max_abs, r.method
+
+
+def test_t5_needs_a_list_eager_float16_is_nan(t5: Any) -> None:
+    """The module itself in float16 (eager torch, no ONNX involved) breaks: the search has a reason to exist."""
+    _, _, feeds = t5
+    with torch.no_grad():
+        y = T5Like().half()(feeds[0]["input_ids"])
+    assert bool(y.isnan().any())
+
+
+def test_t5_simulation_is_the_converted_model(t5: Any, t5_report: KeepReport) -> None:
+    """The premise of the search: the evaluator's mixed precision (kernels={node: "float16"}) computes what the
+    model converted with the same list computes in float16 arithmetic, bit for bit. onnxruntime's CPU
+    provider does not: it computes most float16 nodes in float32 (the report's note counts them)."""
+    _, model, feeds = t5
+    keep = set(t5_report.keep) | {n.name for n in model.graph.node if n.op_type in DEFAULT_BLOCKED}
+    simulated = TorchEvaluator(model, kernels={(lambda n: n.name not in keep): "float16"})
+    converted = TorchEvaluator(t5_report.converted_model)
+    for f in feeds[:2]:
+        assert torch.equal(simulated.run(None, f)[0], converted.run(None, f)[0])
+    assert any("onnxruntime's CPU provider computes" in n for n in t5_report.notes)
+
+
+def _simulated_and_converted(
+    model: onnx.ModelProto, keep: set[str], feeds: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """keep_float32's simulation of `model` with `keep` in float32, and the model converted with `keep`
+    run by the evaluator (float16 nodes in float16)."""
+    floats = _float32_values(model)
+    blocked = set(DEFAULT_BLOCKED)
+    candidates = frozenset(
+        n.name
+        for n in model.graph.node
+        if n.op_type not in blocked and any(x in floats for x in [*n.input, *n.output])
+    )
+    sim = _Simulator(model, "float16", candidates, floats, keep_io_types=True, device="cpu")
+    converted = TorchEvaluator(convert_half(model, keep))
+    return sim.run(feeds, candidates - keep)[0], converted.run(None, feeds)[0]
+
+
+def test_keep_float32s_simulation_is_the_converted_model_bit_for_bit(
+    t5: Any, t5_report: KeepReport
+) -> None:
+    """What the search runs: on the T5-like model with the list and with no list (NaN at the same places),
+    and on LayerNormalization, whose float32 stash type the converter keeps (the evaluator's own "float16"
+    override normalizes in float16 there)."""
+    _, model, feeds = t5
+    for keep in (set(t5_report.keep), set()):
+        simulated, converted = _simulated_and_converted(model, keep, feeds[0])
+        assert torch.equal(simulated.isnan(), converted.isnan()) and torch.equal(
+            simulated.nan_to_num(), converted.nan_to_num()
+        )
+    ln = models.layer_norm_matmul_add(dtype="float32")
+    simulated, converted = _simulated_and_converted(
+        ln, set(), models.random_feeds(ln, dims={"a": 2, "b": 4, "c": 16}, seed=0)
+    )
+    assert torch.equal(simulated, converted)
+
+
+# -- small graphs ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def softmax_case() -> tuple[onnx.ModelProto, list[dict[str, torch.Tensor]], KeepReport]:
+    model = models.fp16_hazards("softmax", dtype="float32")
+    feeds = [models.random_feeds(model, dims={"batch": 2, "n": 64}, seed=s) for s in range(2)]
+    return model, feeds, keep_float32(model, feeds, tolerance=TOL)
+
+
+def _reference_breaks(
+    model: onnx.ModelProto, feeds: list[dict[str, torch.Tensor]], oracle: list[np.ndarray]
+) -> bool:
+    """onnx.reference (numpy, float16 arithmetic) on the converted model breaks the budget on some input."""
+    with np.errstate(all="ignore"):
+        got = [
+            next(iter(ReferenceEvaluator(model).run(None, {k: v.numpy() for k, v in f.items()})))
+            for f in feeds
+        ]
+    return any(
+        _broken(torch.from_numpy(o), torch.from_numpy(np.asarray(g)))
+        for o, g in zip(oracle, got, strict=True)
+    )
+
+
+def test_keep_list_is_one_minimal_on_a_small_graph(softmax_case: Any) -> None:
+    """Exp / ReduceSum(Exp) without the max subtracted: keep all three nodes, and dropping any one breaks
+    the budget in onnx.reference's float16 arithmetic too (an independent runtime), against float64 numpy."""
+    model, feeds, report = softmax_case
+    assert report.status == "verified" and sorted(report.keep) == ["exp", "normalize", "sum_exp"], (
+        report.render()
+    )
+    oracle = []
+    for f in feeds:
+        x = f["X"].double().numpy()
+        e = np.exp(x)
+        oracle.append(e / e.sum(-1, keepdims=True))
+    assert not _reference_breaks(convert_half(model, report.keep), feeds, oracle)
+    for node in report.keep:
+        assert _reference_breaks(convert_half(model, set(report.keep) - {node}), feeds, oracle), (
+            node
+        )
+        assert node in report.why
+
+
+def test_unreachable_tolerance_and_spent_runs_end_with_a_reason(softmax_case: Any) -> None:
+    model, feeds, _ = softmax_case
+    exact = keep_float32(model, feeds, tolerance=(0.0, 0.0))
+    assert exact.status == "unreachable" and exact.converted_model is None
+    assert "cannot be met even with every node in float32" in exact.render()
+    with pytest.raises(
+        ValueError, match="no converted model to write: the search ended 'unreachable'"
+    ):
+        exact.write_converted("never.onnx")
+    stopped = keep_float32(model, feeds, tolerance=TOL, max_runs=2)
+    assert stopped.status == "stopped" and stopped.runs <= 2
+    assert "stopped at max_runs=2 evaluator runs" in stopped.render()
+
+
+def test_report_forms(softmax_case: Any, tmp_path: Any) -> None:
+    _, _, report = softmax_case
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["keep"] == list(report.keep) and data["size"] == 3 and data["status"] == "verified"
+    assert [r["method"] for r in data["results"]] == [
+        "keep_float32",
+        "op-type block list",
+        "range-only rule",
+        "no list",
+    ]
+    text = report.render()
+    assert (
+        "keep in float32: 3 nodes, 1-minimal" in text
+        and "range-only rule" in text
+        and "op-type block list" in text
+    )
+    path = report.write_converted(tmp_path / "half.onnx")
+    written = onnx.load(str(path))
+    onnx.checker.check_model(written)
+    assert {n.name for n in written.graph.node} >= set(report.keep)
+
+
+def test_bfloat16_keeps_float32s_range() -> None:
+    """bfloat16 does not overflow where float16 does: nothing to keep for the float16 overflow hazard; the
+    converted model holds bfloat16 weights, and onnxruntime's CPU provider, which has no bfloat16 MatMul or
+    Exp, is named as not run rather than failing the search."""
+    model = models.fp16_hazards("softmax", dtype="float32")
+    feeds = [models.random_feeds(model, dims={"batch": 2, "n": 16}, seed=0)]
+    report = keep_float32(model, feeds, dtype="bfloat16", tolerance={"budget": {0.05: 0.0}})
+    assert report.status == "nothing to keep" and report.keep == (), report.render()
+    ort = report.results[0].outcomes[1]
+    assert ort.runtime == "onnxruntime CPU" and (not ort.ran or ort.passed)
+    assert "bfloat16 keeps float32's range" in report.render()
+    converted = report.converted_model
+    assert converted is not None
+    assert onnx.TensorProto.BFLOAT16 in {
+        vi.type.tensor_type.elem_type for vi in converted.graph.value_info
+    }
+
+
+# -- ortdiff.check_half_precision in real pytest runs ---------------------------------------------------
+
+HALF_TEST = """
+import pytest
+from pytest_ortdiff import models
+
+@pytest.mark.ortdiff(dtypes=["float32", "float16"], budget={0.01: 0.01, 0.1: 0})
+def test_softmax_overflows(ortdiff):
+    model = models.fp16_hazards("softmax", dtype="float32")
+    feeds = [models.random_feeds(model, dims={"batch": 2, "n": 64}, seed=s) for s in range(2)]
+    ortdiff.check_half_precision(model, feeds)
+
+@pytest.mark.ortdiff(dtypes=["float16"])
+def test_layer_norm_converts_fine(ortdiff):
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = [models.random_feeds(model, dims={"a": 2, "b": 4, "c": 16}, seed=s) for s in range(2)]
+    verdict = ortdiff.check_half_precision(model, feeds, budget={0.05: 0.0})
+    assert verdict.passed and verdict.keep is None
+"""
+
+
+def test_check_half_precision_fails_with_the_audit_and_the_keep_list(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(HALF_TEST)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ortdiff: float16 conversion on CPU: tolerance broken*",
+            "*float16 arithmetic: max abs*",
+            "*float16 range audit of 'fp16_hazard_softmax'*",
+            "*flagged:*",
+            "*↳ overflows float16*",
+            "*keep in float32: 3 nodes, 1-minimal*",
+            "*status: verified*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*SKIPPED*check_half_precision converts a float32 model to float16 or bfloat16; this case is float32*"
+        ]
+    )
