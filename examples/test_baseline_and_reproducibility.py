@@ -1,4 +1,4 @@
-"""Baselines and reproducibility on the seeds/000 graph (LayerNorm -> MatMul -> Add).
+"""Baselines and reproducibility on the reference scenario's graph (LayerNorm -> MatMul -> Add).
 
     # once per machine / upgrade you accept: store onnxruntime's outputs (and the environment) as baselines
     pytest examples/test_baseline_and_reproducibility.py --ortdiff-update-baselines

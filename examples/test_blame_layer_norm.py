@@ -1,10 +1,11 @@
-"""Which kernel is to blame (seeds/000, second table), found by the tool itself.
+"""Which kernel is to blame in the reference scenario (LayerNorm -> MatMul -> Add), found by the tool itself.
 
     pytest examples/test_blame_layer_norm.py --ort-providers=available --ort-dtypes=float32,float16 -s
 
 For every node of LayerNorm -> MatMul -> Add, the torch evaluator runs that node with onnxruntime; the
-printed table is seeds/000's ORT-TORCH / TORCH-ORT table (diff against onnxruntime and against torch per
-swapped op), followed by the full blame table with the float64 oracle's verdict.
+printed table is the per-op-type swap table (ORT-TORCH / TORCH-ORT: the diff against onnxruntime and
+against torch with every node of one op type swapped), followed by the full blame table with the float64
+oracle's verdict.
 """
 
 import pytest
@@ -14,7 +15,7 @@ from pytest_ortdiff import models
 # What blame finds, per provider × dtype. On CPU float32 the MatMul's reduction order explains most of the
 # gap; on CPU float16 no single node does: onnxruntime inserts Casts and runs MatMul and Add in float32,
 # rounding once at the end (the table's note says so), which also makes it the one closer to the oracle.
-# On CUDA, seeds/000 found LayerNormalization responsible in float16 and MatMul in float32.
+# On CUDA, the scenario's original study found LayerNormalization responsible in float16 and MatMul in float32.
 EXPECTED_CULPRIT = {
     ("CPU", "float32"): "MatMul",
     ("CPU", "float16"): None,

@@ -1,9 +1,10 @@
-"""float16 overflow and underflow (seeds/001): what the report says when an intermediate leaves float16's
-range — NaN and Inf mismatches against the float64 oracle, counted in the histogram.
+"""float16 overflow and underflow (as in the float16 conversion of a T5 model): what the report says when
+an intermediate leaves float16's range — NaN and Inf mismatches against the float64 oracle, counted in the
+histogram.
 
     pytest examples/test_fp16_hazards.py --ort-dtypes=float32,float16 --ortdiff-reports -rx
 
-`models.fp16_hazards(kind)` builds the patterns seeds/001 keeps in float32 when converting T5 to float16:
+`models.fp16_hazards(kind)` builds the patterns a T5 float16 conversion must keep in float32:
 Pow of large values ("pow", x**2 > 65504), the mean of squares of an RMS norm ("reduce_mean"), a softmax
 that does not subtract the row max ("softmax", exp(x) > 65504), and Log / Div of squares that underflowed
 to 0 ("log", "div"). Each graph's recorded feed range makes the hazard happen in float16, while the true
@@ -29,14 +30,14 @@ DIMS = {"batch": 4, "n": 64}
 
 # 1. The suite you would keep. In float32 the check passes; in float16 it fails, and a known failure you
 # have not fixed yet is marked xfail — strict, so the day the graph is fixed (say, these nodes kept in
-# float32 as seeds/001 does) the test reports XPASS(strict) and fails until the marker is removed.
+# float32, as a T5 float16 conversion does) the test reports XPASS(strict) and fails until the marker is removed.
 # The failure report is in the "ortdiff reports" section with --ortdiff-reports, and the summary table
 # shows the two rows of each float16 case: [ort vs float64] passed, [torch vs float64] failed.
 @pytest.mark.ortdiff(dtypes=["float32", "float16"])
 @pytest.mark.parametrize("kind", models.fp16_hazards.kinds)
 def test_fp16_hazard_against_the_float64_oracle(ortdiff, kind, request):
     if ortdiff.dtype == "float16":
-        reason = f"{kind}: float16 overflow/underflow (seeds/001)"
+        reason = f"{kind}: float16 overflow/underflow (keep these nodes in float32)"
         request.applymarker(pytest.mark.xfail(raises=AssertionError, strict=True, reason=reason))
     model = models.fp16_hazards(kind, dtype=ortdiff.dtype)
     feeds = models.random_feeds(model, dims=DIMS, seed=0, device=ortdiff.device)

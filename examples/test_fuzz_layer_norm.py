@@ -1,4 +1,4 @@
-"""Shape and value fuzzing of the seeds/000 graph with hypothesis.
+"""Shape and value fuzzing of the reference scenario's graph (LayerNorm -> MatMul -> Add) with hypothesis.
 
     pytest examples/test_fuzz_layer_norm.py --ort-dtypes=float32,float16 --hypothesis-profile=ortdiff-ci -s
 

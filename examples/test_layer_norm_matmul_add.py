@@ -1,9 +1,9 @@
-"""The seeds/000 scenario as a test suite: LayerNormalization -> MatMul -> Add, torch evaluator vs
+"""The reference scenario as a test suite: LayerNormalization -> MatMul -> Add, torch evaluator vs
 onnxruntime, per provider × dtype.
 
     pytest examples/test_layer_norm_matmul_add.py --ort-providers=available --ort-dtypes=float32,float16 --ortdiff-reports
 
-The summary table is seeds/000's first table (max abs per provider × dtype); --ortdiff-reports adds the
+The summary table has the max abs error per provider × dtype; --ortdiff-reports adds the
 histogram of every check.
 """
 

@@ -1,4 +1,4 @@
-"""Llama attention and a Llama decoder layer (seeds/002), torch evaluator vs onnxruntime, per provider × dtype.
+"""Llama attention and a Llama decoder layer, torch evaluator vs onnxruntime, per provider × dtype.
 
     pytest examples/test_llama_attention.py --ort-providers=available --ort-dtypes=float32,float16,bfloat16 --ortdiff-reports -rs
 

@@ -226,9 +226,10 @@ def row_for(
     worst: str | None = None,
     ran_on_ort: tuple[str, ...] = (),
 ) -> CheckRow:
-    """A summary row for one DiffReport judged by `tolerance`. `worst` replaces the budget line (and the
-    numbers, when nothing was compared: a baseline whose shapes changed says why instead)."""
-    from .report import worst_budget_line
+    """A summary row for one DiffReport judged by `tolerance`. Its worst line says where the report stands
+    against each rule the tolerance states (`report.worst_line`); `worst` replaces it (and the numbers,
+    when nothing was compared: a baseline whose shapes changed says why instead)."""
+    from .report import worst_line
 
     blank = not report.n and worst is not None
     return CheckRow(
@@ -238,7 +239,7 @@ def row_for(
         max_abs=None if blank else report.max_abs,
         max_rel=None if blank else report.max_rel,
         max_ulp=None if blank else report.max_ulp,
-        worst=worst or worst_budget_line(report, tolerance.budget),  # type: ignore[arg-type]
+        worst=worst or worst_line(report, tolerance),
         passed=passed,
         tolerance=describe or tolerance.describe(),
         report=report.to_dict(),

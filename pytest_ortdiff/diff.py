@@ -5,6 +5,11 @@ chunks"); tensors on any other device (CUDA) are compared where they are, with t
 every histogram threshold counted in one pass (see "Any device: torch over chunks"). Both paths give
 the same numbers (mean_abs up to summation order): |e - g| in the work dtype (float32 for 16-bit and
 float32 inputs, float64 for float64 ones), every comparison and ratio as if in float64.
+
+Near zero the relative error and the ULP distance say little (|e - g| / tiny is huge for any error of an
+element that should be 0), so the report also has them *floored* at the output's scale F, the RMS of the
+expected finite values rounded to the nearest power of two (see "The floor"): max |e - g| / max(|e|, F)
+and max |e - g| / ulp(max(|e|, F)).
 """
 
 from __future__ import annotations
@@ -72,6 +77,19 @@ class DiffReport:
     outputs: tuple[DiffReport, ...] = ()
     #: elements that differ at all (NaN/Inf mismatches included), whatever the thresholds
     differ: int | None = None
+    #: F, the floor of the floored errors: the RMS of the expected output's finite values rounded to the
+    #: nearest power of two, at least the dtype's smallest normal (None: integer outputs, aggregates)
+    rel_floor: float | None = None
+    #: max |e - g| / max(|e|, F): the relative error at the output's scale (None: not computed)
+    max_rel_floored: float | None = None
+    #: max |e - g| / ulp(max(|e|, F)): ULPs at the output's scale; the ULP distance wherever |e| >= F
+    #: and both values lie in one binade (None: not computed)
+    max_ulp_floored: float | None = None
+    #: with a tolerance: the element outside it with the largest |diff| among the finite pairs, else
+    #: (only NaN/Inf mismatches are outside) the first mismatch; None when every element is inside
+    outside_at: tuple[int, ...] | None = None
+    expected_at_outside: float | None = None
+    got_at_outside: float | None = None
 
     @property
     def is_exact(self) -> bool:
@@ -84,6 +102,43 @@ class DiffReport:
 
     def leaves(self) -> tuple[DiffReport, ...]:
         return self.outputs or (self,)
+
+    @property
+    def rel_at_max(self) -> float | None:
+        """The relative error |e - g| / max(|e|, tiny) of the element at `argmax` (None when there is no
+        finite pair there): `max_rel` is the largest over all elements, often another one."""
+        leaf = self._leaf_at_max()
+        if leaf is None:
+            return None
+        tiny = _tiny(leaf.dtype)
+        return float(leaf.max_abs) / max(abs(float(leaf.expected_at_max)), tiny)  # type: ignore[arg-type]
+
+    @property
+    def ulp_at_max(self) -> float | None:
+        """The ULP distance (in the output's dtype) of the element at `argmax` (None when there is no
+        finite pair there); `max_ulp` is the largest over all elements."""
+        leaf = self._leaf_at_max()
+        if leaf is None:
+            return None
+        try:
+            dt = dtype_of(leaf.dtype)
+        except ValueError:
+            return None
+        if not dt.is_floating_point:
+            return float(leaf.max_abs)
+        if leaf.max_abs == 0:
+            return 0.0
+        return _ulp_between(float(leaf.expected_at_max), float(leaf.got_at_max), dt)  # type: ignore[arg-type]
+
+    def _leaf_at_max(self) -> DiffReport | None:
+        """The output holding `argmax` when the pair there is a finite one (not a NaN/Inf mismatch)."""
+        leaf = _worst_leaf(list(self.outputs)) if self.outputs else self
+        if leaf.argmax is None or leaf.expected_at_max is None or leaf.got_at_max is None or not leaf.dtype:
+            return None
+        e, g = float(leaf.expected_at_max), float(leaf.got_at_max)
+        if not (math.isfinite(e) and math.isfinite(g)):
+            return None
+        return leaf
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (thresholds as strings, since JSON keys must be)."""
@@ -105,6 +160,12 @@ class DiffReport:
             "out_of_tolerance": self.out_of_tolerance,
             "tolerance": list(self.tolerance) if self.tolerance else None,
             "differ": self.differ,
+            "rel_floor": _json_float(self.rel_floor),
+            "max_rel_floored": _json_float(self.max_rel_floored),
+            "max_ulp_floored": _json_float(self.max_ulp_floored),
+            "outside_at": list(self.outside_at) if self.outside_at is not None else None,
+            "expected_at_outside": _json_float(self.expected_at_outside),
+            "got_at_outside": _json_float(self.got_at_outside),
         }
         if self.outputs:
             out["outputs"] = [o.to_dict() for o in self.outputs]
@@ -133,6 +194,13 @@ class DiffReport:
             tolerance=(float(data["tolerance"][0]), float(data["tolerance"][1])) if data.get("tolerance") else None,
             outputs=tuple(cls.from_dict(o) for o in data.get("outputs", ())),
             differ=int(data["differ"]) if data.get("differ") is not None else None,
+            # (reports stored before these existed have none of them)
+            rel_floor=_from_json_float(data.get("rel_floor")),
+            max_rel_floored=_from_json_float(data.get("max_rel_floored")),
+            max_ulp_floored=_from_json_float(data.get("max_ulp_floored")),
+            outside_at=tuple(data["outside_at"]) if data.get("outside_at") is not None else None,
+            expected_at_outside=_from_json_float(data.get("expected_at_outside")),
+            got_at_outside=_from_json_float(data.get("got_at_outside")),
         )
 
     def render(self, *, width: int = 30) -> str:
@@ -151,6 +219,26 @@ class DiffReport:
 
 def _threshold_key(t: float) -> str:
     return repr(float(t))
+
+
+def _tiny(dtype: str) -> float:
+    """The floor of the relative error's denominator: the dtype's smallest normal (1 for integers)."""
+    try:
+        dt = dtype_of(dtype)
+    except ValueError:
+        return 1.0
+    return dt.tiny if dt.is_floating_point else 1.0
+
+
+def _ulp_between(e: float, g: float, dt: DType) -> float:
+    """The ULP distance of two finite values of a floating dtype (held exactly in Python floats)."""
+    t = torch.tensor([e, g], dtype=torch.float64).to(dt.torch)
+    return float(_ulp_torch(t[:1], t[1:], _BITS[dt])[0])
+
+
+def _worst_leaf(leaves: Sequence[DiffReport]) -> DiffReport:
+    """The output an aggregate takes its argmax from: a NaN/Inf mismatch first, then the largest max abs."""
+    return max(leaves, key=lambda r: (r.nan_mismatch + r.inf_mismatch > 0, r.max_abs))
 
 
 def _json_float(x: float | None) -> float | str | None:
@@ -307,13 +395,16 @@ def _as_tensor(x: Any) -> torch.Tensor:
 def _aggregate(leaves: list[DiffReport], thr: tuple[float, ...], name: str, pair: tuple[float, float] | None) -> DiffReport:
     if not leaves:
         return DiffReport(name=name, thresholds=thr, counts=dict.fromkeys(thr, 0), tolerance=pair, differ=0)
-    worst = max(leaves, key=lambda r: (r.nan_mismatch + r.inf_mismatch > 0, r.max_abs))
+    worst = _worst_leaf(leaves)
     n = sum(r.n for r in leaves)
     # the outputs' pairs (a Tolerance resolves one per dtype): the aggregate names one only if all agree
     pairs = {r.tolerance for r in leaves}
     tol = next(iter(pairs)) if len(pairs) == 1 else None
     counted = [r.out_of_tolerance for r in leaves if r.out_of_tolerance is not None]
     oot = sum(counted) if counted else None
+    floored_rel = [r.max_rel_floored for r in leaves if r.max_rel_floored is not None]
+    floored_ulp = [r.max_ulp_floored for r in leaves if r.max_ulp_floored is not None]
+    outside = _worst_outside_leaf(leaves)
     return DiffReport(
         name=name,
         dtype=",".join(sorted({r.dtype for r in leaves})),
@@ -334,7 +425,25 @@ def _aggregate(leaves: list[DiffReport], thr: tuple[float, ...], name: str, pair
         tolerance=tol,
         outputs=tuple(leaves),
         differ=sum(r.mismatches for r in leaves),
+        max_rel_floored=max(floored_rel) if floored_rel else None,
+        max_ulp_floored=max(floored_ulp) if floored_ulp else None,
+        outside_at=outside.outside_at if outside is not None else None,
+        expected_at_outside=outside.expected_at_outside if outside is not None else None,
+        got_at_outside=outside.got_at_outside if outside is not None else None,
     )
+
+
+def _worst_outside_leaf(leaves: Sequence[DiffReport]) -> DiffReport | None:
+    """The output whose element outside the tolerance an aggregate shows: a finite pair with the largest
+    |diff| first, else (only NaN/Inf mismatches outside) the first output with one."""
+
+    def key(r: DiffReport) -> tuple[bool, float]:
+        e, g = float(r.expected_at_outside or 0.0), float(r.got_at_outside or 0.0)
+        finite = math.isfinite(e) and math.isfinite(g)
+        return (finite, abs(e - g) if finite else 0.0)
+
+    found = [r for r in leaves if r.outside_at is not None]
+    return max(found, key=key) if found else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -363,9 +472,9 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
         e = e.cpu()
     if e.device != g.device:
         g = g.to(e.device)
-    stats = _Stats(dt, thr, tol)
     ef = e.reshape(-1)
     gf = g.reshape(-1)
+    stats = _Stats(dt, thr, tol, _rel_floor(ef, dt) if dt.is_floating_point and ef.numel() else None)
     if ef.numel():
         if path == "numpy":
             # (reshape keeps a strided view where it can, e.g. of x[::2]: the passes need flat memory)
@@ -384,8 +493,94 @@ def _work_dtype(dt: DType) -> torch.dtype:
     return torch.float32
 
 
+# ------------------------------------------------------------------------------------------------
+# The floor
+#
+# The floored errors divide by max(|e|, F) (and count ULPs of it) with F the output's scale: the RMS of
+# its finite expected values, rounded to the nearest power of two (so that ulp(F) = F * 2**-p exactly,
+# and a report reads "floored at 1" for a unit-scale output), at least the dtype's smallest normal. It is
+# one pass before the comparison, in float32 (float64 for float64 outputs); an RMS within 0.1 % of a
+# rounding boundary (where another summation order could round it the other way) is redone in float64,
+# so every path and device gets the same F. On CPU the pass never starts torch's OpenMP team (its
+# threads would spin on the cores the comparison's worker threads use): numpy's dot, 16-bit values cast
+# to float32 first in pieces below torch's grain size (as the comparison casts them).
+
+
+def _rel_floor(x: torch.Tensor, dt: DType) -> float:
+    """F of a flat floating tensor (any device)."""
+    rms = _rms(x, exact=False)
+    if rms > 0 and abs(math.log2(rms) % 1.0 - 0.5) < 1e-3:
+        rms = _rms(x, exact=True)
+    if rms == 0:
+        return dt.tiny
+    lo, hi = math.frexp(dt.tiny)[1] - 1, math.frexp(_POW2_MAX[dt])[1] - 1  # (both are powers of two)
+    return math.ldexp(1.0, min(max(round(math.log2(rms)), lo), hi))
+
+
+def _rms(x: torch.Tensor, exact: bool) -> float:
+    """Root mean square of the finite values of x (0.0 when there are none)."""
+    total, count = 0.0, 0
+    for piece, s in _piece_sums(x, exact):
+        if not math.isfinite(s):  # NaN/Inf values (left out) or an overflow (redone in float64)
+            piece = piece[piece.isfinite()]
+            s = _sum_squares(piece, True) if piece.numel() else 0.0
+        total += s
+        count += piece.numel()
+    if not count:
+        return 0.0
+    if math.isinf(total) or total < 1e-30 * count:
+        # squares that overflow (float64 values above ~1e154) or underflow (float32 values below ~1e-19,
+        # float64 ones below ~1e-154): scaled by the largest value, in float64 (a rare extra pass)
+        finite = x[x.isfinite()].double()
+        top = float(finite.abs().max())
+        if top == 0:
+            return 0.0
+        return top * (float(torch.linalg.vector_norm(finite / top)) / math.sqrt(count))
+    return math.sqrt(total / count)
+
+
+def _piece_sums(x: torch.Tensor, exact: bool) -> Iterator[tuple[torch.Tensor, float]]:
+    """(piece, sum of its squares) over x. 16-bit values on CPU are cast to float32 in pieces below
+    torch's grain size (as the comparison casts them) and summed by numpy's dot."""
+    if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16) and not exact:
+        k = min(_CHUNK, x.numel())
+        buf = torch.empty(k, dtype=torch.float32)
+        buf_np = buf.numpy()
+        for start in range(0, x.numel(), k):
+            piece = x[start : start + k]
+            n = piece.numel()
+            _foreach_copy([*buf[:n].split(_SERIAL)], [*piece.split(_SERIAL)])
+            yield piece, _dot(buf_np[:n])
+        return
+    for start in range(0, x.numel(), _FLOOR_PIECE):
+        piece = x[start : start + _FLOOR_PIECE]
+        yield piece, _sum_squares(piece, exact)
+
+
+def _sum_squares(piece: torch.Tensor, exact: bool) -> float:
+    if piece.device.type == "cpu" and piece.dtype in (torch.float32, torch.float64):
+        a = piece.numpy()
+        return _dot(a.astype(np.float64) if exact and a.dtype == np.float32 else a)
+    acc = torch.float64 if exact or piece.dtype == torch.float64 else torch.float32
+    return float(torch.linalg.vector_norm(piece, dtype=acc)) ** 2
+
+
+def _dot(a: np.ndarray) -> float:
+    """Sum of squares, by numpy's dot over 64k pieces: a float32 dot adds ~4k values per SIMD lane in
+    order, a relative error far below the 0.1 % window of `_rel_floor` (a whole 1M piece would not be)."""
+    with np.errstate(all="ignore"):  # (an overflow is redone in float64 by the caller)
+        return sum(float(np.dot(a[i : i + 65536], a[i : i + 65536])) for i in range(0, a.size, 65536))
+
+
+_FLOOR_PIECE = 1 << 20
+
+
 _BITS = {DType.FLOAT16: torch.int16, DType.BFLOAT16: torch.int16, DType.FLOAT32: torch.int32, DType.FLOAT64: torch.int64}
 _F32_MAX = float(np.finfo(np.float32).max)
+# the largest power of two of each floating dtype's work dtype: the largest floor (a float32 F must be finite)
+_POW2_MAX = {DType.FLOAT16: 2.0**127, DType.BFLOAT16: 2.0**127, DType.FLOAT32: 2.0**127, DType.FLOAT64: 2.0**1023}
+# exponent bits of the work dtypes: a value with its mantissa cleared is the power of two at or below it
+_EXP_MASK: dict[Any, int] = {np.float32: 0x7F800000, np.float64: 0x7FF0000000000000}
 # 2**(bits-1) - (largest finite bit pattern): the bit patterns e, g of an opposite-sign pair of
 # finite values, subtracted in their integer type (wrapping), have |e - g| >= this (see _fast_chunk)
 _OPPOSITE = {
@@ -428,8 +623,12 @@ def _round_up(t: float) -> Any:
 class _Stats:
     """Running statistics of one output over its chunks (chunks arrive in index order)."""
 
-    def __init__(self, dt: DType, thr: tuple[float, ...], tol: tuple[float, float] | None) -> None:
+    def __init__(self, dt: DType, thr: tuple[float, ...], tol: tuple[float, float] | None, floor: float | None = None) -> None:
         self.dt = dt
+        # the floored errors (floating outputs): F a power of two, exact in the work dtype
+        self.floor = floor
+        self.rel_floored = 0.0
+        self.ulp_floored = 0.0
         self.floating = dt.is_floating_point
         self.work = _work_dtype(dt)
         self.np_work = np.float64 if self.work == torch.float64 else np.float32
@@ -459,7 +658,7 @@ class _Stats:
             self.max_ulp = max(self.max_ulp, _ulp_exact(eb, gb))
 
     def fresh(self) -> _Stats:
-        return _Stats(self.dt, self.thr, self.tol)
+        return _Stats(self.dt, self.thr, self.tol, self.floor)
 
     def merge(self, other: _Stats) -> None:
         """Fold in the statistics of the elements right after ours."""
@@ -472,6 +671,8 @@ class _Stats:
             self.first_mismatch = other.first_mismatch
         self.max_rel = max(self.max_rel, other.max_rel)
         self.max_ulp = max(self.max_ulp, other.max_ulp)
+        self.rel_floored = max(self.rel_floored, other.rel_floored)
+        self.ulp_floored = max(self.ulp_floored, other.ulp_floored)
         self.nan_mismatch += other.nan_mismatch
         self.inf_mismatch += other.inf_mismatch
         self.oot += other.oot
@@ -489,6 +690,11 @@ class _Stats:
         idx = self.argmax
         if max_abs == 0 and self.first_mismatch is not None:
             idx = self.first_mismatch
+        outside = self.outside(ef, gf, max_abs) if n else None
+        if self.floating:
+            rel_f, ulp_f = self.rel_floored, self.ulp_floored
+        else:  # integers: |e - g| / max(|e|, 1) already says it at any scale
+            rel_f, ulp_f = self.max_rel, max_abs
         return DiffReport(
             name=name,
             dtype=self.dt.short,
@@ -507,7 +713,63 @@ class _Stats:
             counts=dict(zip(self.thr, self.counts, strict=True)),
             out_of_tolerance=self.oot if self.tol is not None else None,
             tolerance=self.tol,
+            rel_floor=self.floor,
+            max_rel_floored=rel_f,
+            max_ulp_floored=ulp_f,
+            outside_at=_unravel(outside, shape) if outside is not None else None,
+            expected_at_outside=_value_at(ef, outside, self.floating) if outside is not None else None,
+            got_at_outside=_value_at(gf, outside, self.floating) if outside is not None else None,
         )
+
+    def outside(self, ef: torch.Tensor, gf: torch.Tensor, max_abs: float) -> int | None:
+        """The flat index `DiffReport.outside_at` names (None when nothing is outside the tolerance).
+
+        Usually free: the element of the max abs error is outside whenever anything finite is, unless
+        rtol lets its large |e| in; only then are the finite pairs scanned again (`_largest_outside`)."""
+        if self.tol is None or not self.oot:
+            return None
+        mismatches = self.nan_mismatch + self.inf_mismatch
+        if self.oot == mismatches:  # only NaN/Inf mismatches are outside: the first one
+            return self.first_mismatch
+        atol, rtol = self.tol
+        if self.floating:
+            i = self.argmax
+            if max_abs > atol + rtol * abs(float(_value_at(ef, i, True))):  # (as numpy's allclose, in float64)
+                return i
+        return _largest_outside(ef, gf, self)  # (integers: exactly, as _integer_chunk counts)
+
+
+def _largest_outside(ef: torch.Tensor, gf: torch.Tensor, st: _Stats) -> int | None:
+    """The first finite pair with the largest |e - g| (in the work dtype) above atol + rtol*|e| (in
+    float64), by a pass over the tensors where they are, in chunks."""
+    assert st.tol is not None
+    atol, rtol = st.tol
+    best, where = -1.0, None
+    k = _TORCH_CHUNK_MIN * 16
+    for start in range(0, ef.numel(), k):
+        ec, gc = ef[start : start + k], gf[start : start + k]
+        if st.floating:
+            e64, g64 = ec.to(st.work).double(), gc.to(st.work).double()
+            d = (gc.to(st.work) - ec.to(st.work)).abs_().double()
+            d.masked_fill_(~(e64.isfinite() & g64.isfinite()), -1.0)  # mismatches and equal NaN/Inf pairs
+        else:  # integers: exact 64-bit differences, as _integer_chunk counts them
+            e_np, g_np = ec.cpu().numpy(), gc.cpu().numpy()
+            if e_np.dtype == np.bool_:
+                e_np, g_np = e_np.view(np.uint8), g_np.view(np.uint8)
+            u = np.maximum(e_np, g_np).astype(np.uint64) - np.minimum(e_np, g_np).astype(np.uint64)
+            bound = np.floor(atol + rtol * np.abs(e_np.astype(np.float64)))
+            inside = bound >= _TWO_64
+            out = (u > np.where(inside, 0.0, bound).astype(np.uint64)) & ~inside
+            if out.any():
+                i = int(np.flatnonzero(out)[int(u[out].argmax())])
+                if float(u[i]) > best:
+                    best, where = float(u[i]), start + i
+            continue
+        d.masked_fill_(d <= e64.abs().mul_(rtol).add_(atol), -1.0)  # (e64 may be the caller's tensor)
+        m, j = d.max(0)
+        if float(m) > best:
+            best, where = float(m), start + int(j)
+    return where
 
 
 def _value_at(x: torch.Tensor, i: int, floating: bool) -> float | int:
@@ -656,6 +918,9 @@ class _Buffers:
         self.mask = np.empty(size, np.bool_)
         self.mask2 = np.empty(size, np.bool_)
         self.ints = np.empty(size, bits)
+        self.work_ints = np.empty(size, np.int64 if work == np.float64 else np.int32)
+        # F in every element: np.maximum against an array is ~4x faster than against a scalar
+        self.floor: np.ndarray | None = None
 
 
 def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m: float, start: int, st: _Stats, bufs: _Buffers) -> None:
@@ -756,6 +1021,8 @@ def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m
 
     if big_u:
         _rel_same_sign(ew, d, u2, ext, big_u, st, bufs)
+    if st.floor is not None:
+        _floored_chunk(ew, d, m, st, bufs)
     if st.tol is not None and m > st.tol[0]:
         _tolerance_chunk(ew, d, st, bufs, above, t_above)
 
@@ -802,6 +1069,52 @@ def _rel_same_sign(ew: np.ndarray, d: np.ndarray, u2: np.ndarray, ext: np.ndarra
         np.greater_equal(a, r, out=mask)
         idx = np.flatnonzero(mask)
         st.max_rel = max(st.max_rel, _rel_exact(d[idx], ew[idx], st.tiny))
+
+
+def _floored_chunk(ew: np.ndarray, d: np.ndarray, m: float, st: _Stats, bufs: _Buffers) -> None:
+    """The floored relative error and ULPs of a chunk of finite values (m = max(d)): a = max(|e|, F),
+    d / a and d / p2(a) (p2: the power of two at or below a, so ulp(a) = p2(a) * 2**-p) in the work
+    dtype, their maxima decided in float64 among the elements whose rounded ratio is the largest
+    (rounding is monotonic). A chunk where no element can beat the running maxima is skipped: every
+    ratio is at most m / F, and at most m / F * 2**p in ULPs (p2(a) >= F)."""
+    assert st.floor is not None
+    scale = 2.0**st.dt.mantissa_bits
+    if m / st.floor <= st.rel_floored and m / st.floor * scale <= st.ulp_floored:
+        return
+    k = d.size
+    a, r, mask = bufs.tmp[:k], bufs.tmp2[:k], bufs.mask[:k]
+    if bufs.floor is None:
+        bufs.floor = np.full(bufs.tmp.size, st.floor, st.np_work)
+    np.abs(ew, out=a)
+    np.maximum(a, bufs.floor[:k], out=a)
+    np.divide(d, a, out=r)
+    st.rel_floored = max(st.rel_floored, _exact_max(r, mask, lambda idx: d[idx].astype(np.float64) / a[idx].astype(np.float64)))
+    p2 = bufs.work_ints[:k]
+    np.bitwise_and(a.view(p2.dtype), p2.dtype.type(_EXP_MASK[st.np_work]), out=p2)
+    pw = p2.view(st.np_work)
+    np.divide(d, pw, out=r)  # exact (a division by a power of two) but where the result is subnormal
+    top = r.max()
+    if not np.finfo(st.np_work).tiny <= top < np.inf:  # (rounding is monotonic: the exact max is among the largest)
+        top = _exact_max(r, mask, lambda idx: d[idx].astype(np.float64) / pw[idx].astype(np.float64))
+    st.ulp_floored = max(st.ulp_floored, float(top) * scale)
+
+
+def _exact_max(r: np.ndarray, mask: np.ndarray, exact: Any) -> float:
+    """The largest exact ratio of a chunk, from `r` (the ratios rounded to the work dtype, none NaN):
+    `exact(indices)` in float64 on the elements whose rounded ratio is the largest."""
+    top = r.max()
+    if r.dtype == np.float64 or top == 0:
+        return float(top)
+    np.greater_equal(r, top, out=mask)
+    return float(exact(np.flatnonzero(mask)).max())
+
+
+def _floored_exact(d64: np.ndarray, e64: np.ndarray, floor: float, p: int) -> tuple[float, float]:
+    """The floored relative error and ULPs of a few pairs (d64 > 0, e64 finite), in float64."""
+    a = np.maximum(np.abs(e64), floor)
+    _, exponent = np.frexp(a)  # a = m * 2**exponent, 0.5 <= m < 1
+    p2 = np.ldexp(1.0, exponent - 1)
+    return float((d64 / a).max()), float((d64 / p2).max()) * 2.0**p
 
 
 def _low_rel(u: int, p: int) -> float:
@@ -905,6 +1218,9 @@ def _exact_chunk(ew: np.ndarray, gw: np.ndarray, eb: np.ndarray | None, gb: np.n
         st.max_rel = max(st.max_rel, _rel_exact(d64[pos], ew[pos], st.tiny))
         if eb is not None and gb is not None:
             st.max_ulp = max(st.max_ulp, _ulp_exact(eb[pos], gb[pos]))
+        if st.floor is not None:
+            rel, ulp = _floored_exact(d64[pos], ew[pos].astype(np.float64), st.floor, st.dt.mantissa_bits)
+            st.rel_floored, st.ulp_floored = max(st.rel_floored, rel), max(st.ulp_floored, ulp)
     if st.tol is not None:
         atol, rtol = st.tol
         out = d64 > atol + rtol * np.abs(ew.astype(np.float64))
@@ -1045,6 +1361,8 @@ def _torch_chunk(ec: torch.Tensor, gc: torch.Tensor, start: int, st: _Stats, bou
         # largest (and none below the running maximum's rounding can beat it)
         st.max_rel = max(st.max_rel, _torch_rel_exact(d, ec, r == r_max, st.tiny))
     del r
+    if st.floor is not None:
+        _torch_floored(d, ec, special, st)
     if st.tol is not None:
         st.oot += _torch_outside(d, ec, st)
 
@@ -1093,6 +1411,38 @@ def _torch_rel_exact(d: torch.Tensor, ec: torch.Tensor, mask: torch.Tensor, tiny
         rel = d[idx].double() / ec[idx].double().abs_().clamp_min_(tiny)
         best = max(best, float(rel.max()))
     return best
+
+
+def _torch_floored(d: torch.Tensor, ec: torch.Tensor, special: torch.Tensor | None, st: _Stats) -> None:
+    """The floored relative error and ULPs of a chunk (as `_floored_chunk`, one scratch tensor at a
+    time): d / max(|e|, F), then d / p2(max(|e|, F)), each max decided in float64 on its candidates."""
+    assert st.floor is not None
+    scale = 2.0**st.dt.mantissa_bits
+    for in_ulps in (False, True):
+        a = _abs(ec, st.work)
+        if special is not None:
+            a.masked_fill_(special, 1.0)  # (their d is 0 here; a NaN e would make a NaN ratio)
+        a.clamp_min_(st.floor)
+        if in_ulps:
+            bits = torch.int64 if st.work == torch.float64 else torch.int32
+            a.view(bits).bitwise_and_(_EXP_MASK[st.np_work])  # the power of two at or below
+        torch.div(d, a, out=a)
+        top = float(a.max())
+        # (a quotient by a power of two is exact unless subnormal)
+        exact = st.work == torch.float64 or (in_ulps and torch.finfo(st.work).tiny <= top < math.inf)
+        if top > 0 and not exact:
+            best = 0.0
+            for idx in _indices(a == top):
+                e64 = ec[idx].double().abs_().clamp_min_(st.floor)
+                if in_ulps:
+                    e64 = torch.ldexp(torch.ones_like(e64), torch.frexp(e64).exponent - 1)
+                best = max(best, float((d[idx].double() / e64).max()))
+            top = best
+        del a
+        if in_ulps:
+            st.ulp_floored = max(st.ulp_floored, top * scale)
+        else:
+            st.rel_floored = max(st.rel_floored, top)
 
 
 def _torch_outside(d: torch.Tensor, ec: torch.Tensor, st: _Stats) -> int:
@@ -1160,6 +1510,8 @@ def _torch_special(es: torch.Tensor, gs: torch.Tensor, pos: torch.Tensor, st: _S
         st.see_max(math.inf, int(pos[over].min()))
         st.sum_abs = math.inf
         st.max_rel = math.inf  # inf / max(|e|, tiny), e finite
+        if st.floor is not None:
+            st.rel_floored = st.ulp_floored = math.inf
         st.max_ulp = max(st.max_ulp, float(_ulp_torch(es[over], gs[over], _BITS[st.dt]).max()))
     elif n_mis < len(pos):
         st.see_max(0.0, int(pos[~mis].min()))  # an equal pair may come before the chunk's max

@@ -104,6 +104,10 @@ def shortest(x: Any, dtype: str) -> str:
     for digits in range(1, 18):
         s = f"{x:.{digits}g}"
         if rounding(float(s)) == x:
+            # "100", not "1e+02": 'g' turns to an exponent once the integer part has more digits than it
+            # shows; below 1e16 the same digits read better in place
+            if "e+" in s and abs(float(s)) < 1e16:
+                s = f"{float(s):.0f}"
             return s
     return repr(x)
 

@@ -1,16 +1,18 @@
-"""Rendering of DiffReports: the terminal block with histogram bars, one-line summaries, the summary
-table of a pytest run (text and markdown) and its JSON form for CI jobs to merge."""
+"""Rendering of DiffReports and check rows: the terminal block with histogram bars, one-line summaries,
+the summary table of a pytest run (text and markdown), the rows' worst lines and their JUnit properties."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .formatting import g, index, pct, table, threshold
-from .results import CheckRow
+from .results import CheckRow, closer_to_oracle
 
-__all__ = ["render_report", "render_table", "summary_line", "worst_budget_line"]
+__all__ = ["junit_properties", "render_report", "render_table", "summary_line", "worst_budget_line", "worst_line"]
 
 _BAR = "█"
 
@@ -20,6 +22,8 @@ def render_report(report: Any, *, width: int = 30) -> str:
     blocks = [_render_leaf(leaf, width) for leaf in report.leaves()]
     if len(blocks) > 1:
         head = f"{len(blocks)} outputs, {report.n:,} elements: max abs {g(report.max_abs)}, max rel {g(report.max_rel)}, max ulp {g(report.max_ulp)}"
+        if report.max_rel_floored is not None and report.max_ulp_floored is not None:
+            head += f" (floored: rel {g(report.max_rel_floored)}, ulp {g(report.max_ulp_floored)})"
         blocks.insert(0, head)
     return "\n".join(blocks)
 
@@ -47,8 +51,13 @@ def _render_leaf(r: Any, width: int) -> str:
         lines.append(
             f"  max abs   {g(r.max_abs):<10} at {index(r.argmax)}: expected {g(r.expected_at_max, 8)}, got {g(r.got_at_max, 8)}"
         )
-    lines.append(f"  max rel   {g(r.max_rel)}")
-    lines.append(f"  max ulp   {g(r.max_ulp)}")
+    if r.rel_floor is not None and r.max_rel_floored is not None and r.max_ulp_floored is not None:
+        # near zero the raw ratios explode (|diff| / tiny): the floored ones read at the output's scale
+        lines.append(f"  max rel   {g(r.max_rel):<10} floored {g(r.max_rel_floored):<9} (|expected| floored at {g(r.rel_floor)}, its RMS as a power of two)")
+        lines.append(f"  max ulp   {g(r.max_ulp):<10} floored {g(r.max_ulp_floored)}")
+    else:
+        lines.append(f"  max rel   {g(r.max_rel)}")
+        lines.append(f"  max ulp   {g(r.max_ulp)}")
     lines.append(f"  mean abs  {g(r.mean_abs)}")
     lines.append(f"  NaN mismatch {r.nan_mismatch:,}   Inf mismatch {r.inf_mismatch:,}")
     if r.out_of_tolerance is not None and r.tolerance is not None:
@@ -64,12 +73,22 @@ def _render_leaf(r: Any, width: int) -> str:
 
 
 def summary_line(report: Any) -> str:
-    """One line: max abs (rel, ulp) at where, and the count above the largest threshold reached."""
+    """One line: max abs with where it is and the relative and ULP error of that same element; then the
+    largest relative and ULP errors over all elements (usually elsewhere: near zero) with their floored
+    values; how many elements differ and the count above the largest threshold reached."""
     name = f"{report.name}: " if report.name else ""
-    text = (
-        f"{name}max abs {g(report.max_abs)} (rel {g(report.max_rel)}, {g(report.max_ulp)} ulp) "
-        f"at {index(report.argmax)}; {report.mismatches:,}/{report.n:,} differ"
-    )
+    # several outputs: the one holding the max abs error, by name (an aggregate's argmax is the output
+    # with a NaN/Inf mismatch, when one has any)
+    holder = max(report.outputs, key=lambda r: r.max_abs) if report.outputs else report
+    where = f"{holder.name or 'output'} {index(holder.argmax)}" if report.outputs else index(report.argmax)
+    rel_at, ulp_at = holder.rel_at_max, holder.ulp_at_max
+    if report.max_abs > 0 and rel_at is not None and ulp_at is not None:
+        text = f"{name}max abs {g(report.max_abs)} at {where} (there: rel {g(rel_at)}, {g(ulp_at)} ulp)"
+    else:  # every finite pair equal (a NaN/Inf mismatch, if any, is named at the end)
+        text = f"{name}max abs {g(report.max_abs)}"
+    if report.max_rel or report.max_ulp:
+        text += f"; max rel {g(report.max_rel)}{_floored(report.max_rel_floored)}, max ulp {g(report.max_ulp)}{_floored(report.max_ulp_floored)}"
+    text += f"; {report.mismatches:,}/{report.n:,} differ"
     reached = [t for t in report.thresholds if t > 0 and report.counts.get(t, 0)]
     if reached:
         t = reached[-1]
@@ -77,6 +96,10 @@ def summary_line(report: Any) -> str:
     if report.nan_mismatch or report.inf_mismatch:
         text += f"; NaN mismatch {report.nan_mismatch:,}, Inf mismatch {report.inf_mismatch:,}"
     return text
+
+
+def _floored(value: float | None) -> str:
+    return f" (floored {g(value)})" if value is not None else ""
 
 
 def worst_budget_line(report: Any, budget: Mapping[float, float] | None) -> str:
@@ -98,6 +121,35 @@ def worst_budget_line(report: Any, budget: Mapping[float, float] | None) -> str:
         return "exact"
     t = reached[-1]
     return f"{report.counts[t]:,} > {threshold(t)} ({pct(report.counts[t], n)})"
+
+
+def worst_line(report: Any, tolerance: Any) -> str:
+    """A summary row's "worst budget line": where `report` stands against each rule of `tolerance` (a
+    Tolerance resolved for the dtype) — the budget line closest to its allowance, the count outside
+    atol/rtol ("N of M differ" when both are 0: bitwise), the max ULP against its limit; "exact" when no
+    element differs and no budget is set, "-" when it states no rule. Never a budget the test did not set."""
+    if tolerance.budget:
+        parts = [worst_budget_line(report, tolerance.budget)]
+    elif not report.mismatches and not tolerance.is_empty:
+        return "exact"
+    else:
+        parts = []
+    if tolerance.atol is not None or tolerance.rtol is not None:
+        parts.append(_allclose_line(report, float(tolerance.atol or 0.0), float(tolerance.rtol or 0.0)))
+    if tolerance.max_ulp is not None:
+        parts.append(f"max {g(report.max_ulp)} ulp (allows {g(tolerance.max_ulp)})")
+    return "; ".join(parts) or "-"
+
+
+def _allclose_line(report: Any, atol: float, rtol: float) -> str:
+    n = report.n
+    if atol == 0 and rtol == 0:
+        differ = report.mismatches
+        return "exact" if not differ else f"{differ:,} of {n:,} differ ({pct(differ, n)})"
+    if report.out_of_tolerance is None:  # a report computed without the tolerance: no count to show
+        return f"atol={g(atol)} rtol={g(rtol)}"
+    oot = report.out_of_tolerance
+    return f"{oot:,} outside atol={g(atol)} rtol={g(rtol)} ({pct(oot, n)})"
 
 
 def render_table(rows: Iterable[CheckRow | Mapping[str, Any]], *, markdown: bool = False) -> str:
@@ -135,4 +187,66 @@ def _cell(v: Any) -> str:
         return "-"
     if isinstance(v, float):
         return g(v)
+    return str(v)
+
+
+# ------------------------------------------------------------------------------------------------
+# JUnit properties
+
+#: the row's fields a JUnit property carries, by property name
+_JUNIT_FIELDS = ("provider", "dtype", "max_abs", "max_rel", "max_rel_floored", "max_ulp", "max_ulp_floored", "worst", "tolerance", "result")
+
+
+def junit_properties(rows: Sequence[CheckRow]) -> list[tuple[str, str]]:
+    """The check rows of one test as flat (name, value) properties, as `record_property` makes them, so
+    that `--junitxml` carries them into a CI system's test view: `ortdiff.provider`, `ortdiff.dtype`,
+    `ortdiff.max_abs`, `ortdiff.max_rel` (and `.max_rel_floored`), `ortdiff.max_ulp` (and
+    `.max_ulp_floored`), `ortdiff.worst`, `ortdiff.tolerance`, `ortdiff.result` ("passed"/"failed"); a
+    row with a suffix gets its own names (" [ort vs float64]": `ortdiff.ort_vs_float64.max_abs`). With
+    both rows against the float64 oracle: `ortdiff.closer_to_oracle` ("onnxruntime", "torch" or "tie").
+    Numbers in 6 significant digits; fields without a value are left out."""
+    out: list[tuple[str, str]] = []
+    against: dict[str, _AgainstOracle] = {}
+    for row in rows:
+        prefix = _junit_prefix(row.suffix)
+        report = row.report if isinstance(row.report, Mapping) else {}
+        values: dict[str, Any] = {
+            "provider": row.provider,
+            "dtype": row.dtype,
+            "max_abs": row.max_abs,
+            "max_rel": row.max_rel,
+            "max_rel_floored": report.get("max_rel_floored"),
+            "max_ulp": row.max_ulp,
+            "max_ulp_floored": report.get("max_ulp_floored"),
+            "worst": row.worst or None,
+            "tolerance": row.tolerance,
+            "result": None if row.passed is None else ("passed" if row.passed else "failed"),
+        }
+        out += [(f"{prefix}.{key}", _junit_value(values[key])) for key in _JUNIT_FIELDS if values[key] is not None]
+        if row.suffix.strip() in ("[ort vs float64]", "[torch vs float64]") and row.max_ulp is not None:
+            differ = report.get("differ")
+            if not isinstance(differ, int):
+                differ = int((report.get("counts") or {}).get(repr(0.0), 0))
+            against[row.suffix.strip()] = _AgainstOracle(float(row.max_ulp), differ)
+    if len(against) == 2:
+        out.append(("ortdiff.closer_to_oracle", closer_to_oracle(against["[ort vs float64]"], against["[torch vs float64]"])))
+    return out
+
+
+def _junit_prefix(suffix: str) -> str:
+    """"ortdiff" for a test's main check, "ortdiff.<suffix as a name>" for the others (" [baseline out]":
+    "ortdiff.baseline_out")."""
+    name = re.sub(r"\W+", "_", suffix.strip().strip("[]")).strip("_")
+    return f"ortdiff.{name}" if name else "ortdiff"
+
+
+@dataclass(frozen=True)
+class _AgainstOracle:
+    max_ulp: float
+    mismatches: int
+
+
+def _junit_value(v: Any) -> str:
+    if isinstance(v, float):
+        return str(v) if math.isnan(v) or math.isinf(v) else f"{v:.6g}"
     return str(v)

@@ -249,10 +249,19 @@ def _exact_value(x: Any, dtype: str) -> str:
 
 
 def _worst_at(r: Any) -> str:
-    """ "worst at (i, j): expected E, got G (|diff| D)", E and G printed in as many digits as tell them apart."""
-    e, gv = r.expected_at_max, r.got_at_max
-    how = "NaN/Inf mismatch" if _is_nan_inf_mismatch(e, gv) else f"|diff| {g(r.max_abs)}"
-    return f"worst at {index(r.argmax)}: expected {shortest(e, r.dtype)}, got {shortest(gv, r.dtype)} ({how})"
+    """ "worst at (i, j): expected E, got G (|diff| D)", E and G printed in as many digits as tell them
+    apart: the element outside the tolerance with the largest |diff|, or — when only NaN/Inf mismatches
+    are outside — the first mismatch, shown as such. (Reports stored before `outside_at` existed name
+    the max abs element.)"""
+    where, e, gv = r.argmax, r.expected_at_max, r.got_at_max
+    if getattr(r, "outside_at", None) is not None:
+        where, e, gv = r.outside_at, r.expected_at_outside, r.got_at_outside
+    if _is_nan_inf_mismatch(e, gv):
+        how = "NaN/Inf mismatch"
+    else:
+        # |e - g| in float64 of the two values: the work dtype's difference where they are this far apart
+        how = f"|diff| {g(r.max_abs if where == r.argmax else abs(float(e) - float(gv)))}"
+    return f"worst at {index(where)}: expected {shortest(e, r.dtype)}, got {shortest(gv, r.dtype)} ({how})"
 
 
 def _is_nan_inf_mismatch(e: Any, got: Any) -> bool:

@@ -883,3 +883,133 @@ def test_compare_counts_64_bit_integers_exactly(data: st.DataObject) -> None:
     d = [abs(a - b) for a, b in zip(e, g, strict=True)]
     assert r.mismatches == sum(x > 0 for x in d)
     assert r.counts[t] == sum(x > t for x in d)
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 14: the floored errors (6) and the element outside the tolerance (4), against numpy
+
+POW2_MAX = {"float16": 2.0**127, "bfloat16": 2.0**127, "float32": 2.0**127, "float64": 2.0**1023}
+MANT = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
+
+
+def floored_reference(e: np.ndarray, g: np.ndarray, kind: str) -> tuple[float, float, float]:
+    """(F, max floored rel, max floored ulp) of the documented semantics, in float64 numpy: F the RMS of
+    e's finite values rounded to the nearest power of two within [tiny, the work dtype's largest power of
+    two]; over the pairs that differ (not NaN/Inf mismatches, not equal specials), |e - g| in the work
+    dtype over max(|e|, F), and over 2**floor(log2(max(|e|, F))) times 2**p."""
+    e = np.ascontiguousarray(e).reshape(-1)
+    g = np.ascontiguousarray(g).reshape(-1)
+    with np.errstate(all="ignore"):
+        e64 = e.astype(np.float64)
+        fin = e64[np.isfinite(e64)]
+        rms = math.sqrt(float(np.mean((fin / np.abs(fin).max()) ** 2))) * float(np.abs(fin).max()) if fin.size and np.abs(fin).max() > 0 else 0.0
+        if rms == 0:
+            floor = TINY[kind]
+        else:
+            floor = min(max(2.0 ** min(round(math.log2(rms)), 1023), TINY[kind]), POW2_MAX[kind])
+        ew, gw = e.astype(_work(kind)), g.astype(_work(kind))
+        d = np.abs(ew - gw).astype(np.float64)
+        g64 = gw.astype(np.float64)
+        pos = (d > 0) & np.isfinite(e64) & ~np.isnan(g64) & ~(np.isinf(g64) & ~np.isinf(e64))
+        if not pos.any():
+            return floor, 0.0, 0.0
+        a = np.maximum(np.abs(e64[pos]), floor)
+        p2 = np.array([math.ldexp(1.0, math.frexp(x)[1] - 1) for x in a])
+        return floor, float((d[pos] / a).max()), float((d[pos] / p2).max()) * 2.0 ** MANT[kind]
+
+
+@pytest.mark.parametrize("kind", FLOAT_KINDS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_floored_errors_match_numpy(kind: str, data: st.DataObject) -> None:
+    e, g = data.draw(pairs(kind))
+    floor, rel, ulp = floored_reference(e, g, kind)
+    for code_path in PATHS:
+        r = run(code_path, to_tensor(e, kind), to_tensor(g, kind))
+        if not e.size:
+            assert (r.rel_floor, r.max_rel_floored, r.max_ulp_floored) == (None, 0.0, 0.0)
+            continue
+        assert (r.rel_floor, r.max_rel_floored, r.max_ulp_floored) == (floor, rel, ulp), code_path
+        assert r.max_rel_floored <= r.max_rel  # max(|e|, F) >= max(|e|, tiny)
+
+
+def test_floored_errors_near_zero_read_at_the_outputs_scale() -> None:
+    """Issue 14 (6): an element that should be 0 and is 1e-6 makes the raw relative error 1e-6 / tiny;
+    floored at the output's RMS (here 1: values of +-1) it is 1e-6, and ULPs of 1 count float32's 2**-23."""
+    e = np.where(np.arange(4096) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    e[7] = 0.0
+    g = e.copy()
+    g[7] = 1e-6
+    g[8] = np.nextafter(np.float32(1.0), np.float32(2.0))  # one ULP at the output's scale
+    for code_path in PATHS:
+        r = run(code_path, torch.from_numpy(e), torch.from_numpy(g), chunk=1000)
+        assert r.rel_floor == 1.0
+        assert r.max_rel == float(np.float32(1e-6)) / TINY["float32"]
+        assert r.max_rel_floored == float(np.float32(1e-6))
+        assert r.max_ulp_floored == float(np.float32(1e-6)) * 2**23  # 8.4: above the one-ULP element's 1
+    assert "max rel   8.51e+31   floored 1e-06" in r.render()
+
+
+def test_floored_errors_of_nested_outputs_and_json() -> None:
+    e = {"a": torch.tensor([0.0, 3.0]), "i": torch.tensor([3, 5])}
+    g = {"a": torch.tensor([0.5, 3.0]), "i": torch.tensor([3, 6])}
+    r = compare(e, g)
+    a, i = r.outputs
+    assert (a.rel_floor, a.max_rel_floored, a.max_ulp_floored) == (2.0, 0.25, 0.25 * 2**23)  # RMS 2.12 -> 2
+    assert (i.rel_floor, i.max_rel_floored, i.max_ulp_floored) == (None, 1 / 5, 1.0)  # integers: the raw ones
+    assert (r.rel_floor, r.max_rel_floored, r.max_ulp_floored) == (None, 0.25, 0.25 * 2**23)
+    back = DiffReport.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back == r
+    old = r.to_dict()
+    for key in ("rel_floor", "max_rel_floored", "max_ulp_floored", "outside_at", "expected_at_outside", "got_at_outside"):
+        del old[key]
+    assert DiffReport.from_dict(old).max_rel_floored is None  # a report stored before issue 14
+
+
+def outside_reference(e: np.ndarray, g: np.ndarray, kind: str, tol: tuple[float, float]) -> int | None:
+    """The flat index `outside_at` names: the first finite pair with the largest |e - g| (work dtype)
+    above atol + rtol*|e| (float64), else the first NaN/Inf mismatch, else None."""
+    e = np.ascontiguousarray(e).reshape(-1)
+    g = np.ascontiguousarray(g).reshape(-1)
+    atol, rtol = tol
+    with np.errstate(all="ignore"):
+        e64, g64 = e.astype(np.float64), g.astype(_work(kind)).astype(np.float64)
+        if kind in FLOAT_KINDS:
+            d = np.abs(e.astype(_work(kind)) - g.astype(_work(kind))).astype(np.float64)
+            finite = np.isfinite(e64) & np.isfinite(g64)
+            mis = (np.isnan(e64) != np.isnan(g64)) | ((np.isinf(e64) | np.isinf(g64)) & (e64 != g64) & ~np.isnan(e64) & ~np.isnan(g64))
+        else:
+            d = np.array([abs(int(a) - int(b)) for a, b in zip(e.tolist(), g.tolist(), strict=True)], dtype=object)
+            finite, mis = np.ones(e.size, bool), np.zeros(e.size, bool)
+        out = [i for i in range(e.size) if finite[i] and (d[i] > math.floor(atol + rtol * abs(e64[i])) if kind not in FLOAT_KINDS else float(d[i]) > atol + rtol * abs(e64[i]))]
+    if out:
+        top = max(d[i] for i in out)
+        return next(i for i in out if d[i] == top)
+    return int(np.flatnonzero(mis)[0]) if mis.any() else None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_outside_names_an_element_outside_the_tolerance(kind: str, data: st.DataObject) -> None:
+    e, g = data.draw(pairs(kind))
+    tol = data.draw(st.tuples(st.sampled_from([0.0, 1e-5, 0.5]) | st.floats(0, 10), st.sampled_from([0.0, 1e-3, 0.5]) | st.floats(0, 2)))
+    where = outside_reference(e, g, kind, tol)
+    for code_path in PATHS:
+        r = run(code_path, to_tensor(e, kind), to_tensor(g, kind), tolerance=tol)
+        if where is None:
+            assert r.outside_at is None, code_path
+            continue
+        assert r.outside_at == (tuple(int(i) for i in np.unravel_index(where, e.shape)) if e.shape else ()), code_path
+        assert _same_float(float(r.expected_at_outside), float(e.reshape(-1)[where])), code_path  # type: ignore[arg-type]
+        assert _same_float(float(r.got_at_outside), float(g.reshape(-1)[where])), code_path  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("code_path", PATHS)
+def test_outside_when_rtol_lets_the_max_abs_element_in(code_path: str) -> None:
+    """The max abs element (0.5 off 100) is inside rtol=1 %; the element outside is the small one."""
+    e = torch.tensor([100.0, 1e-3, 2e-3, 5.0])
+    g = torch.tensor([100.5, 2e-3, 2.5e-3, 5.0])
+    r = run(code_path, e, g, tolerance=(0.0, 0.01))
+    assert r.argmax == (0,) and r.out_of_tolerance == 2
+    assert r.outside_at == (1,) and (r.expected_at_outside, r.got_at_outside) == (float(e[1]), float(g[1]))

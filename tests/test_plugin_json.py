@@ -131,7 +131,7 @@ def test_summary_json_and_html_under_xdist(pytester: pytest.Pytester, seed_test:
     side by side, and the controller alone writes the JSON file (every test's outcome, the job's environment)
     and the HTML report, saying what it wrote (trip-up 5: not "3 result(s)" for a file of 3 checks and 7 tests)."""
     pytester.makepyfile(test_mixed=MIXED, test_seed=seed_test("dtypes=['float32', 'float16']"))
-    result = pytester.runpytest(*xdist_args, "--ortdiff-json=job.json", "--ortdiff-html=reports/run.html")
+    result = pytester.runpytest(*xdist_args, "--ortdiff-json=job.json", "--ortdiff-html=reports/run.html", "--junitxml=junit.xml")
     result.assert_outcomes(passed=3, failed=2, errors=1, skipped=1)
     result.stdout.fnmatch_lines(["*= ortdiff summary =*"])
     result.stdout.fnmatch_lines(["test_seed.py::test_lnmm[[]CPU-float16[]] * passed"])
@@ -167,6 +167,17 @@ def test_summary_json_and_html_under_xdist(pytester: pytest.Pytester, seed_test:
     assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith("job")) == ["job.json"]
     html = (pytester.path / "reports" / "run.html").read_text()
     assert html.lstrip().lower().startswith("<!doctype html") and "test_lnmm" in html  # (its content: tests/test_htmlreport.py)
+    # the workers' check rows reach the controller's JUnit XML as flat properties, equal to the JSON's numbers
+    import xml.etree.ElementTree as ET
+
+    rows = {r["test"]: r for r in data["results"]}
+    for case in ET.parse(pytester.path / "junit.xml").iter("testcase"):
+        if case.get("name", "").startswith("test_lnmm"):
+            props = {p.get("name"): p.get("value") for p in case.iter("property")}
+            row = rows[f"test_seed.py::{case.get('name')}"]
+            assert (props["ortdiff.provider"], props["ortdiff.dtype"], props["ortdiff.result"]) == ("CPU", row["dtype"], "passed")
+            assert float(props["ortdiff.max_abs"]) == pytest.approx(row["max_abs"], rel=1e-5)
+            assert props["ortdiff.worst"] == row["worst"]
 
 
 def test_json_xfail_and_teardown_error(pytester: pytest.Pytester) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,8 +44,9 @@ def test_render_header_and_maxima(report: DiffReport) -> None:
     lines = report.render().splitlines()
     assert lines[0] == "output 'Z'  float32[2x1000]  n=2,000"
     assert lines[1] == "  max abs   0.5        at (1, 0): expected 1, got 1.5"
-    assert lines[2] == "  max rel   0.5"
-    assert lines[3] == "  max ulp   4.19e+06"  # 1.5 - 1.0 = 2**22 float32 ULPs
+    # issue 14 (6): the floored errors beside the raw ones; every |expected| is 1, the floor (RMS) too
+    assert lines[2] == "  max rel   0.5        floored 0.5       (|expected| floored at 1, its RMS as a power of two)"
+    assert lines[3] == "  max ulp   4.19e+06   floored 4.19e+06"  # 1.5 - 1.0 = 2**22 float32 ULPs of 1
     assert lines[4] == "  mean abs  0.126"  # (1000 * 2**-9 + 500 * 0.5) / 2000
     assert lines[5] == "  NaN mismatch 0   Inf mismatch 0"
     assert lines[6].rstrip() == "  |diff| >   elements   share"
@@ -99,7 +101,9 @@ def test_render_several_outputs_has_a_header_and_a_block_each() -> None:
     g = {"Z": torch.full((2, 3), 0.25), "W": torch.tensor([0.0, 0.0, 0.0, 2.0], dtype=torch.float16)}
     text = compare(e, g).render()
     lines = text.splitlines()
-    assert lines[0] == "2 outputs, 10 elements: max abs 2, max rel 2.13e+37, max ulp 1.05e+09"  # maxima over the outputs
+    # maxima over the outputs; every expected value is 0, so the floor is float32's smallest normal and the
+    # floored ULPs count its spacing (2**-149): 0.25 * 2**149 (the raw ULP distance crosses binades)
+    assert lines[0] == "2 outputs, 10 elements: max abs 2, max rel 2.13e+37, max ulp 1.05e+09 (floored: rel 2.13e+37, ulp 1.78e+44)"
     assert "output 'Z'  float32[2x3]  n=6" in lines
     assert "output 'W'  float16[4]  n=4" in lines
     assert "  max abs   2          at (3): expected 0, got 2" in lines
@@ -108,9 +112,10 @@ def test_render_several_outputs_has_a_header_and_a_block_each() -> None:
 def test_summary_is_one_line(report: DiffReport) -> None:
     text = report.summary()
     assert "\n" not in text
-    assert text == "max abs 0.5 (rel 0.5, 4.19e+06 ulp) at (1, 0); 1,500/2,000 differ, 500 > 0.1"
+    # issue 14 (3): rel and ulp "there" are the max abs element's; the maxima over all elements are labelled
+    assert text == "max abs 0.5 at Z (1, 0) (there: rel 0.5, 4.19e+06 ulp); max rel 0.5 (floored 0.5), max ulp 4.19e+06 (floored 4.19e+06); 1,500/2,000 differ, 500 > 0.1"
     assert str(report) == text
-    assert summary_line(compare(torch.ones(2), torch.ones(2), name="Q")) == "Q: max abs 0 (rel 0, 0 ulp) at (0); 0/2 differ"
+    assert summary_line(compare(torch.ones(2), torch.ones(2), name="Q")) == "Q: max abs 0; 0/2 differ"
 
 
 def test_summary_mentions_mismatches() -> None:
@@ -203,3 +208,57 @@ def test_render_table_names_nan_inf_mismatches_instead_of_the_budget_line() -> N
     assert "| 0 NaN, 2 Inf mismatches | failed |" in render_table([row], markdown=True)
     # rows without a report (older files) or without mismatches keep their budget line
     assert "| 50 > 100 (19.53 %) | failed |" in render_table([{**row, "worst": "50 > 100 (19.53 %)", "report": None}], markdown=True)
+
+
+# -- issue 14: honest one-line summary (3), the row's worst line without a budget (2) ----------------
+
+
+def test_summary_rel_and_ulp_there_are_the_max_abs_elements_own() -> None:
+    """max abs at a large value (small rel there), max rel at a near-zero value elsewhere: the line says
+    which is which, with the numbers numpy gives for each element."""
+    e = np.array([3.0, 1e-3, 2.0, 0.0], np.float32)
+    g = np.array([3.0 + 2**-20, 1e-3, 2.0 + 2**-21, 1e-7], np.float32)
+    r = compare(torch.from_numpy(e), torch.from_numpy(g))
+    d = np.abs(e - g).astype(np.float64)
+    assert r.argmax == (0,) and r.max_abs == d[0]
+    rel0 = d[0] / 3.0
+    ulp0 = int(g[:1].view(np.int32)[0]) - int(e[:1].view(np.int32)[0])  # same sign: bit patterns apart
+    assert (r.rel_at_max, r.ulp_at_max) == (rel0, float(ulp0))
+    assert r.max_rel == float(np.float32(1e-7)) / 2.0**-126  # the near-zero element, elsewhere
+    assert r.summary().startswith(f"max abs {d[0]:.3g} at (0) (there: rel {rel0:.3g}, {ulp0} ulp); max rel {r.max_rel:.3g} (floored ")
+
+
+def test_summary_of_mismatches_only_and_of_several_outputs() -> None:
+    r = compare(torch.tensor([1.0, 2.0]), torch.tensor([math.nan, 2.0]), name="Y")
+    assert r.summary() == "Y: max abs 0; 1/2 differ, 1 > 100; NaN mismatch 1, Inf mismatch 0"
+    nested = compare({"a": torch.zeros(2), "b": torch.tensor([1.0, 8.0], dtype=torch.float16)}, {"a": torch.zeros(2), "b": torch.tensor([1.0, 8.5], dtype=torch.float16)})
+    assert nested.rel_at_max == 0.5 / 8 and nested.ulp_at_max == 64.0  # float16 spacing at 8 is 2**-7
+    assert "max abs 0.5 at b (1) (there: rel 0.0625, 64 ulp)" in nested.summary()
+    # the output holding the max abs error is named, also when another one has a NaN mismatch
+    mixed = compare({"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([4.0])}, {"a": torch.tensor([math.nan, 2.1]), "b": torch.tensor([6.0])})
+    assert mixed.summary().startswith("max abs 2 at b (0) (there: rel 0.5, 4.19e+06 ulp); ")
+
+
+def test_worst_line_says_where_the_report_stands_against_each_stated_rule() -> None:
+    from pytest_ortdiff import Tolerance
+    from pytest_ortdiff.report import worst_line
+
+    e = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    g = torch.tensor([1.0, 2.0, 4.5, 8.0])
+    defaults = Tolerance().for_dtype("float32")  # what a test stating no rule gets
+    r = compare(e, g, tolerance=defaults.allclose, thresholds=[0, 0.1])
+    assert worst_line(r, defaults) == "1 outside atol=0.0001 rtol=0.0001 (25.00 %)"
+    close = compare(e, e + 1e-6, tolerance=defaults.allclose)
+    assert worst_line(close, defaults) == "0 outside atol=0.0001 rtol=0.0001 (0 %)"  # never "4 > 0 (100 %)"
+    same = compare(e, e, tolerance=defaults.allclose)
+    assert worst_line(same, defaults) == "exact"
+    budget = Tolerance(budget={0.1: 0.5}).for_dtype("float32")
+    assert worst_line(r, budget) == "1 > 0.1 (25.00 %; allows 50 %)"
+    ulp = Tolerance(max_ulp=4).for_dtype("float32")
+    assert worst_line(r, ulp) == f"max {r.max_ulp:.3g} ulp (allows 4)"
+    both = Tolerance(atol=0.1, rtol=0.0, max_ulp=4).for_dtype("float32")
+    assert worst_line(compare(e, g, tolerance=both.allclose), both) == f"1 outside atol=0.1 rtol=0 (25.00 %); max {r.max_ulp:.3g} ulp (allows 4)"
+    bitwise = Tolerance(atol=0.0, rtol=0.0)
+    assert (worst_line(r, bitwise), worst_line(same, bitwise)) == ("1 of 4 differ (25.00 %)", "exact")
+    assert worst_line(same, budget) == "0 > 0.1 (0 %; allows 50 %)"  # a budget set: its line, as ever
+    assert worst_line(r, Tolerance()) == "-"  # no rule stated, none resolved: nothing to stand against

@@ -390,3 +390,44 @@ def test_per_dtype_rules_fall_back_to_defaults_for_the_dtypes_they_do_not_name()
     # a rule that does apply to float32 (here the budget) is kept as the only one
     only_budget = Tolerance(atol={"float16": 0.5}, budget={1e-2: 0.0}).for_dtype("float32")
     assert only_budget.allclose is None and only_budget.budget == {1e-2: 0.0}
+
+
+# -- issue 14 (4): the element a tolerance line shows is outside the tolerance ----------------------
+
+
+def test_allclose_line_shows_a_nan_mismatch_not_an_element_within_tolerance() -> None:
+    """25 of 128 NaN where 0.5 is expected, and one finite element off by 9.75e-05 (within atol): the
+    line named that finite element; it must name a violating one, the first mismatch, as such."""
+    e = torch.zeros(16, 8)
+    e[::2] = 0.5
+    g = e.clone()
+    g[1, 0] = 9.75e-05
+    nan_at = [(r, c) for r in range(0, 16, 2) for c in range(8)][:25]
+    for r, c in nan_at:
+        g[r, c] = math.nan
+    tol = Tolerance(atol=0.01, rtol=0.01)
+    report = compare(e, g, tolerance=tol.allclose)
+    assert report.argmax == (1, 0)  # the max abs error over finite pairs: inside the tolerance
+    allclose = next(v for v in tol.check(report) if v.rule == "allclose")
+    first = nan_at[0]
+    assert allclose.message == f"25 of 128 elements (19.53 %) exceed atol=0.01 + rtol=0.01*|expected|; worst at {first}: expected 0.5, got nan (NaN/Inf mismatch)"
+
+
+def test_allclose_line_shows_the_largest_finite_violation_beside_mismatches() -> None:
+    e = torch.tensor([1.0, 2.0, 3.0, 4.0, 100.0])
+    g = torch.tensor([math.nan, 2.5, 3.75, 4.0, 100.9])  # 100.9 is the max abs, inside rtol=1 %
+    tol = Tolerance(atol=0.0, rtol=0.01)
+    report = compare(e, g, tolerance=tol.allclose)
+    assert report.argmax == (4,)
+    # numpy: |e - g| > rtol*|e| for 2.5 and 3.75 (and the NaN); the larger |diff| is 0.75
+    outside = ~np.isclose(g.numpy(), e.numpy(), rtol=0.01, atol=0.0)
+    assert outside.tolist() == [True, True, True, False, False]
+    allclose = next(v for v in tol.check(report) if v.rule == "allclose")
+    assert allclose.message.endswith("; worst at (2): expected 3, got 3.75 (|diff| 0.75)")
+    # a report stored before outside_at existed still names its max abs element
+    old = report.to_dict()
+    for key in ("outside_at", "expected_at_outside", "got_at_outside"):
+        old[key] = None
+    from pytest_ortdiff.diff import DiffReport
+
+    assert next(v for v in tol.check(DiffReport.from_dict(old)) if v.rule == "allclose").message.endswith("worst at (4): expected 100, got 100.9 (|diff| 0.9)")
