@@ -1,4 +1,4 @@
-"""`python -m pytest_ortdiff ...`: merge CI jobs' JSON reports into one table, compare a model file's
+"""`python -m pytest_ortdiff ...`: merge CI jobs' JSON reports into one matrix or table, compare a model file's
 torch-evaluator and onnxruntime outputs, run ONNX's node test suite through the evaluator, run the demo."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .results import CheckRow, ResultsFile, ResultsFileError, SkipRow, TestOutcome
+from .results import BaselineRow, CheckRow, ResultsFile, ResultsFileError, SkipRow, TestOutcome
 
 if TYPE_CHECKING:
     from .model_io import InputSpec
@@ -19,54 +19,58 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-def _uncovered(tests: Sequence[TestOutcome], rows: Sequence[CheckRow]) -> list[CheckRow]:
-    """Table rows for the failed tests of one job that no failed check row explains: failed before their
-    check, without any check, or after their checks passed."""
-    out = []
-    for t in tests:
-        if t.outcome not in ("failed", "error"):
-            continue
-        own = [r for r in rows if r.test == t.test or r.test.startswith(t.test + " [")]
-        if any(not r.ok for r in own):
-            continue
-        worst = "its checks passed; the test failed" if own else "no check ran"
-        out.append(CheckRow(t.test, t.provider, t.dtype, worst=worst, outcome=t.outcome))
-    return out
-
-
 def _merge(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from .report import render_table
+    from .matrix import job_labels, pivot
 
-    rows: list[CheckRow] = []
-    skips: list[SkipRow] = []
-    tests: list[TestOutcome] = []
-    uncovered: list[CheckRow] = []
+    files: list[ResultsFile] = []
     for name in args.files:
-        path = Path(name)
         try:
-            data = _read_results(path)
+            files.append(_read_results(Path(name)))
         except ResultsFileError as exc:
             print(f"error: {_printable(str(exc))}", file=sys.stderr)
             return 2
-        job = _printable(path.stem) if args.label_from_file else ""
+    stems = [Path(name).stem for name in args.files]
+    if args.label is not None and len(args.label) != len(files):
+        print(f"error: --label given {len(args.label)} time(s) for {len(files)} file(s): give one label per file, in the files' order", file=sys.stderr)
+        return 2
+    labels = list(args.label) if args.label is not None else stems if args.label_from_file else job_labels(files, stems)
+    matrix = pivot(files, labels)
+    rows: list[CheckRow] = []
+    skips: list[SkipRow] = []
+    tests: list[TestOutcome] = []
+    baselines: list[BaselineRow] = []
+    uncovered: list[CheckRow] = []
+    for data, stem in zip(files, stems, strict=True):
+        job = _printable(stem) if args.label_from_file else ""
 
         def labelled(test: str, job: str = job) -> str:
             return f"{test} ({job})" if job else test
 
-        uncovered.extend(replace(r, test=labelled(r.test)) for r in _uncovered(data.tests, data.results))
+        uncovered.extend(replace(r, test=labelled(r.test)) for r in data.test_rows())
         rows.extend(replace(r, test=labelled(r.test)) for r in data.results)
         tests.extend(replace(t, test=labelled(t.test)) for t in data.tests)
         skips.extend(data.skips)
+        baselines.extend(replace(b, test=labelled(b.test)) if b.test else b for b in data.baselines)
 
     def order(r: CheckRow) -> tuple[str, str, str]:
         return (r.test, r.provider or "", r.dtype or "")
 
     rows.sort(key=order)
-    table: list[CheckRow] = sorted(rows + uncovered, key=order)
+    # the matrix when the files cover several cases (or asked for), the row listing otherwise (or asked for)
+    as_matrix = args.matrix or (not args.rows and matrix.cases > 1)
     try:
-        print(render_table([_shown(r, args.markdown) for r in table], markdown=args.markdown))
+        if as_matrix and args.markdown:
+            print(matrix.render_markdown(), end="")
+        elif as_matrix:
+            width = args.width or _terminal_width()
+            print("\n".join(_printable(line) for line in matrix.render_text(width).splitlines()))
+        else:
+            from .report import render_table
+
+            table: list[CheckRow] = sorted(rows + uncovered, key=order)
+            print(render_table([_shown(r, args.markdown) for r in table], markdown=args.markdown))
     except (ValueError, TypeError, OverflowError) as exc:  # a value _read_results let through and the table cannot show
         print(f"error: cannot render the merged table: {exc}", file=sys.stderr)
         return 2
@@ -79,18 +83,40 @@ def _merge(args: argparse.Namespace) -> int:
     if tests:
         extra = "".join(f", {counts[o]} {o}" for o in ("xfailed", "xpassed") if counts[o])
         print(f"{len(tests)} test(s): {counts['passed']} passed, {counts['failed']} failed, {counts['error']} error(s), {counts['skipped']} skipped{extra}")
-    for t in tests:
-        if t.outcome in ("failed", "error"):
-            print(f"{'failed' if t.outcome == 'failed' else 'errored'}: {_printable(t.test)}" + (f": {_printable(t.message)}" if t.message else ""))
-    for sk in skips:
-        print(f"skipped: {_printable(sk.test or '?')}: {_printable(sk.reason)}")
+    conflicts = matrix.counts().get("conflict", 0)
+    if conflicts:
+        print(f"{conflicts} conflicting cell(s): jobs report one test and case differently (see the matrix{'' if as_matrix else ': merge --matrix'})")
+    if not as_matrix:  # (the matrix's notes say these already)
+        for t in tests:
+            if t.outcome in ("failed", "error"):
+                print(f"{'failed' if t.outcome == 'failed' else 'errored'}: {_printable(t.test)}" + (f": {_printable(t.message)}" if t.message else ""))
+        for sk in skips:
+            print(f"skipped: {_printable(sk.test or '?')}: {_printable(sk.reason)}")
     if args.output:
         try:
-            ResultsFile(tuple(rows), tuple(skips), tuple(tests)).write(Path(args.output))
+            ResultsFile(tuple(rows), tuple(skips), tuple(tests), baselines=tuple(baselines)).write(Path(args.output))
         except OSError as exc:
             print(f"error: --output {args.output}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-    return 1 if (failed or counts["failed"] or counts["error"]) and args.strict else 0
+    if args.html:
+        from .htmlreport import write_html
+
+        try:
+            write_html(Path(args.html), files, labels)
+        except OSError as exc:
+            print(f"error: --html {args.html}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    return 1 if (failed or counts["failed"] or counts["error"] or conflicts) and args.strict else 0
+
+
+def _terminal_width() -> int:
+    """The terminal's width when there is one (or $COLUMNS says it); no limit for a pipe or a CI log."""
+    import os
+    import shutil
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
+        return shutil.get_terminal_size().columns
+    return sys.maxsize
 
 
 #: fields of a row that must be a string (or null) and of its report that must be an integer (or null)
@@ -478,6 +504,40 @@ def _model_dtype(model: Any) -> str:
     return "float32"
 
 
+def _precision(args: argparse.Namespace) -> int:
+    """`precision MODEL`: the audit table and keep_float32's report (pytest_ortdiff.precision) on drawn or
+    given feeds; exit 0 for a verified list, 1 when none meets the budget, 2 for bad arguments."""
+    from .model_io import input_specs
+    from .precision.keep import keep_float32, parse_budget
+    from .providers import parse_provider, torch_device, unavailable_reason
+
+    try:
+        if args.samples < 1 or not 0 <= args.seed < 2**63 - args.samples:
+            raise _CompareError(f"--samples {args.samples} --seed {args.seed}: expected at least one sample and a seed from 0 to 2**63-1")
+        provider = parse_provider(args.provider)
+        if unavailable_reason(provider):
+            raise _CompareError(f"--provider {args.provider}: {unavailable_reason(provider)}")
+        model = _load_checked(args.model)
+        specs = input_specs(model)
+        given = _load_feeds(args.feeds, specs) if args.feeds else {}
+        dims = _parse_dims(args.dim or (), model, specs, given, args.feeds)
+        _check_drawable(specs, given, dims)
+        ranges = _parse_ranges(args.input_range or (), specs, given, args.feeds)
+        feeds = [_draw_feeds(model, specs, given, dims, ranges, seed=args.seed + i, device=torch_device(provider)) for i in range(args.samples)]
+        tolerance = {"budget": parse_budget(args.budget)} if args.budget else None
+        report = keep_float32(model, feeds, dtype=args.dtype, tolerance=tolerance, provider=provider)
+        if args.write_converted and report.converted_model is not None:
+            report.write_converted(args.write_converted)
+    except (_CompareError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    assert report.audit is not None
+    print(f"{args.model}: {args.samples} input(s), dims {dims}, seed {args.seed}\n\n{report.audit.render()}\n\n{report.render()}")
+    if args.write_converted:
+        print(f"\nwrote {args.write_converted}" if report.converted_model is not None else f"\nnot written: {args.write_converted} (no verified list)")
+    return 0 if report.verified else 1
+
+
 def _demo(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -496,12 +556,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m pytest_ortdiff", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("merge", help="merge --ortdiff-json files of CI jobs into one table")
+    p = sub.add_parser(
+        "merge",
+        help="merge --ortdiff-json files of CI jobs into one matrix (tests × provider/dtype, × onnxruntime version when jobs differ) or table",
+        description="Merge the --ortdiff-json files of CI jobs. When they cover several provider × dtype cases the output is the matrix: "
+        "a row per test (its id without the provider/dtype part), a column per case (× onnxruntime version when the jobs differ in it), "
+        "each cell the max abs error, worst ULP error and verdict; cells that jobs report differently are conflicts. Otherwise, or with "
+        "--rows, one row per check.",
+    )
     p.add_argument("files", nargs="+")
-    p.add_argument("--markdown", action="store_true", help="a markdown table (for a CI job summary)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--matrix", action="store_true", help="the matrix, even for files covering one case")
+    shape.add_argument("--rows", action="store_true", help="one row per check (and per test that failed without a failed check), even for several cases")
+    p.add_argument("--markdown", action="store_true", help="markdown for a pull-request comment or CI job summary (the matrix: collapsed details per failing cell)")
+    p.add_argument("--html", metavar="PATH", help="also write one self-contained HTML report of every job to PATH")
     p.add_argument("--output", help="also write the merged JSON here")
-    p.add_argument("--label-from-file", action="store_true", help="append each file's stem (the job name) to its test ids")
-    p.add_argument("--strict", action="store_true", help="exit 1 when any check failed, or any test failed or errored (with or without a check)")
+    p.add_argument(
+        "--label",
+        action="append",
+        metavar="LABEL",
+        help="name a job in the matrix and the HTML report, once per file in the files' order (default: from its environment, "
+        "e.g. 'CPU float16 · ort 1.32.0 · torch 2.13.0', else the file's stem)",
+    )
+    p.add_argument("--label-from-file", action="store_true", help="name each job by its file's stem; in the row listing, append it to the test ids")
+    p.add_argument("--width", type=int, metavar="N", help="fit the text matrix to N columns (default: the terminal's; unlimited for a pipe)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when any check failed, any test failed or errored (with or without a check), or two jobs report one cell differently (a conflict)",
+    )
     p.set_defaults(func=_merge)
     p = sub.add_parser("compare", help="torch evaluator vs onnxruntime on a model file, with random feeds")
     p.add_argument("model")
@@ -529,6 +612,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_compare)
+    p = sub.add_parser("precision", help="float16/bfloat16 range audit of a float32 model and its smallest verified keep-in-float32 list")
+    p.add_argument("model")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    p.add_argument("--provider", default="CPU")
+    p.add_argument("--dim", action="append", help="a symbolic dim, NAME=VALUE (repeat)")
+    p.add_argument("--feeds", metavar="FILE.npz", help="named inputs (numpy.savez(path, input_name=array, ...)); the inputs it lacks are drawn")
+    p.add_argument("--input-range", action="append", metavar="NAME=LO:HI", help="draw input NAME in [LO, HI) (repeat)")
+    p.add_argument("--samples", type=int, default=4, help="inputs to audit and search on (seeds SEED, SEED+1, ...; default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", action="append", metavar="T:F", help="at most the share F of elements off by more than T (repeat; default: the dtype's atol/rtol)")
+    p.add_argument("--write-converted", metavar="OUT.onnx", help="write the model converted with the list")
+    p.set_defaults(func=_precision)
     p = sub.add_parser(
         "conformance",
         help="run ONNX's node test suite through the torch evaluator: a table of pass/wrong/unsupported/no kernel/error per op",

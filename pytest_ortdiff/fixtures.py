@@ -318,6 +318,179 @@ class OrtDiff:
         return result
 
     # -- checks built on other modules (precision, parity, align, dynamo): each inserts its methods below this line
+    if TYPE_CHECKING:
+        from .precision.keep import ConversionCheck
+
+    def check_half_precision(
+        self, model: Any, feeds_iter: Any, *, budget: Mapping[float, float] | None = None, tolerance: ToleranceLike = None, keep_io_types: bool = True
+    ) -> ConversionCheck:
+        """The float32 `model` converted to this case's dtype, float16 or bfloat16 (the marker's dtypes decide
+        which are tried), by onnxruntime's converter, run on this provider and in half-precision arithmetic
+        against the float64 oracle on every feed dict of `feeds_iter` (`precision.check_conversion`). Fails
+        the test with the range audit and the keep-in-float32 list that fixes it (`precision.keep_float32`)
+        when `budget` (or `tolerance`, else this test's) is broken. A float32 or float64 case skips: it has no
+        half type to convert to. Returns the `precision.ConversionCheck`."""
+        __tracebackhide__ = True
+        from .precision.keep import check_conversion
+
+        if self.dtype not in ("float16", "bfloat16"):
+            pytest.skip(
+                f"check_half_precision converts a float32 model to float16 or bfloat16; this case is {self.dtype}: "
+                "put the half types in the marker, e.g. @pytest.mark.ortdiff(dtypes=['float16', 'bfloat16'])"
+            )
+        if budget is not None and tolerance is not None:
+            raise ValueError("check_half_precision: pass budget= or tolerance=, not both")
+        tol = self.checker.tolerance_for(Tolerance(budget=budget) if budget is not None else tolerance)
+        try:
+            verdict = check_conversion(model, feeds_iter, dtype=self.dtype, tolerance=tol, keep_io_types=keep_io_types, provider=self.provider)
+        except Exception as exc:
+            self._raise(exc, "ortdiff.check_half_precision(model, feeds_iter)")
+        if verdict.worst.report is not None:
+            self.reports.append(verdict.worst.report)
+        self._record(*verdict.rows())
+        if not verdict.passed:
+            raise OrtDiffFailure(verdict.render(), verdict)
+        return verdict
+
+    if TYPE_CHECKING:
+        from .parity import Exporter, ExportParityReport
+
+    def check_export(
+        self,
+        module: Any,
+        args: Any,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        dynamic_shapes: Any = None,
+        exporter: Exporter = "dynamo",
+        opset: int | None = None,
+        tolerance: ToleranceLike = None,
+        custom_translation_table: Mapping[Any, Any] | None = None,
+        export_options: Mapping[str, Any] | None = None,
+    ) -> ExportParityReport:
+        """`module` exported (`exporter="dynamo"` or `"torchscript"`) and run by onnxruntime on this provider,
+        against the module in eager torch, module and floating inputs in this case's dtype
+        (`parity.check_export`). Fails the test with the report when the tolerance (default: this test's)
+        is broken: the first module scope whose output diverges, the first FX node (dynamo), a per-scope
+        table in execution order. A module the exporter cannot export fails the test with the exporter's
+        error (`parity.ExportFailed`). `custom_translation_table` (dynamo: torch op -> onnxscript function) and
+        `export_options` (any other `torch.onnx.export` argument) go to the exporter. Returns the
+        `parity.ExportParityReport`."""
+        __tracebackhide__ = True
+        from .parity import ExportFailed, check_export
+
+        tol = self.checker.tolerance_for(tolerance)
+        try:
+            report = check_export(
+                module, args, kwargs, dynamic_shapes=dynamic_shapes, exporter=exporter, opset=opset, provider=self.provider, dtype=self.dtype,
+                tolerance=tol, custom_translation_table=custom_translation_table, export_options=export_options,
+            )
+        except ExportFailed as exc:
+            self._record(exc.row(self.provider, self.dtype, tol))
+            raise
+        except Exception as exc:
+            self._raise(exc, "ortdiff.check_export(module, args)")
+        self.reports.append(report.outputs)
+        self._record(report.row())
+        if not report.passed:
+            raise OrtDiffFailure(report.render(), report)
+        return report
+
+    if TYPE_CHECKING:
+        from .dynamo import CompileCheck
+
+    def check_compile(
+        self,
+        module: Any,
+        args: Any,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        train_steps: int = 0,
+        loss_fn: Any = None,
+        optimizer: Any = None,
+        tolerance: ToleranceLike = None,
+        allow_fallback: bool = True,
+        opset: int | None = None,
+        custom_translation_table: Mapping[Any, Any] | None = None,
+        fullgraph: bool = False,
+        dynamic: bool | None = False,
+    ) -> CompileCheck:
+        """`module` under `torch.compile` with the onnxruntime backend (`dynamo.ort_backend`) on this provider,
+        against eager, in this case's dtype: `ortdiff.check_compile(model, (x,), train_steps=3)`.
+
+        Two deep copies of `module` (same weights); `train_steps=0` compares one forward under no_grad,
+        `train_steps=N` N steps of `optimizer` (params -> Optimizer, default SGD lr=0.01) on `loss_fn(output)`
+        (default: mean of squares of the outputs), losses, gradients and final parameters compared. Every
+        graph's onnxruntime outputs are also compared per call with the same FX graph in eager. Fails the test
+        with the per-step losses and the per-graph, per-call diff table; graphs the exporter cannot take run
+        eagerly and are listed (`allow_fallback=False` fails on them); skips without onnxscript. Returns the
+        `dynamo.CompileCheck`.
+        """
+        __tracebackhide__ = True
+        from .dynamo import ExportUnavailable, check_compile
+
+        try:
+            result = check_compile(
+                module,
+                args,
+                kwargs,
+                provider=self.provider,
+                dtype=self.dtype,
+                tolerance=self.checker.tolerance_for(tolerance),
+                train_steps=train_steps,
+                loss_fn=loss_fn,
+                optimizer=optimizer,
+                opset=opset,
+                custom_translation_table=custom_translation_table,
+                fullgraph=fullgraph,
+                dynamic=dynamic,
+                allow_fallback=allow_fallback,
+            )
+        except CheckFailed as exc:
+            self._record(exc.result.row())
+            raise OrtDiffFailure(str(exc), exc.result) from None
+        except ExportUnavailable as exc:
+            pytest.skip(str(exc))
+        except Exception as exc:
+            self._raise(exc, "ortdiff.check_compile(module, args)")
+        self._record(result.row())
+        return result
+
+    if TYPE_CHECKING:
+        from .align import OptimizationReport
+
+    def check_optimization(
+        self,
+        model: Any,
+        feeds: Mapping[str, Any] | Sequence[Any],
+        *,
+        levels: Sequence[str] = ("disable", "basic", "extended", "all"),
+        tolerance: ToleranceLike = None,
+    ) -> OptimizationReport:
+        """Which onnxruntime graph optimization level moves `model`'s outputs on this provider, and the fused
+        node it produced: each level's outputs against the previous level's and the unoptimized ones, the two
+        graphs aligned side by side (`align.check_optimization`). Fails the test with the report when a level
+        moves the outputs beyond `tolerance` (default: this test's); returns the `align.OptimizationReport`."""
+        __tracebackhide__ = True
+        from .align import check_optimization
+        from .check import row_for
+        from .runtimes.ort import UnsupportedByProviderError
+
+        tol = self.checker.tolerance_for(tolerance)
+        try:
+            report = check_optimization(model, feeds, provider=self.provider, levels=levels, tolerance=tol)
+        except UnsupportedByProviderError as exc:
+            self._raise(UnsupportedByProvider(self.provider, self.dtype, exc.op, str(exc)), "ortdiff.check_optimization(model, feeds)")
+        except Exception as exc:
+            self._raise(exc, "ortdiff.check_optimization(model, feeds)")
+        worst = report.worst()
+        self.reports.append(worst)
+        culprit = report.culprit
+        where = f"{culprit.level}: {culprit.culprit.describe()}" if culprit is not None and culprit.culprit is not None else None
+        self._record(row_for(worst, tol, report.passed, provider=self.provider, dtype=self.dtype, suffix=" [optimization]", worst=where))
+        if not report.passed:
+            raise OrtDiffFailure(report.render(), report)
+        return report
 
     # -- results -> summary rows, skips, failures ---------------------------------------------------
     def _raise(self, exc: Exception, call: str) -> NoReturn:
@@ -337,10 +510,15 @@ class OrtDiff:
 
     def _record(self, *rows: CheckRow) -> None:
         """Attach summary rows to the test's report. One row per (test, suffix): under @given a check runs
-        once per example; keep the failing or the worst one, so the summary stays one line per test."""
+        once per example; keep the failing or the worst one, so the summary stays one line per test.
+        The rows kept are also flat properties (`report.junit_properties`: `ortdiff.max_abs`, ...), as
+        `record_property` adds them, for `--junitxml`; they replace those of the row they replace."""
         if self._node is None:
             return
+        from .report import junit_properties
+
         props = self._node.user_properties
+        kept = []
         for row in rows:
             data = row.to_dict()
             del data["test"]  # the session names the row after the report's node id
@@ -348,9 +526,14 @@ class OrtDiff:
                 if key == RESULT_KEY and old.get("suffix", "") == row.suffix:
                     if (not row.passed, row.max_abs or 0.0) >= (not old["passed"], old["max_abs"] or 0.0):
                         props[i] = (RESULT_KEY, data)
+                        kept.append(row)
                     break
             else:
                 props.append((RESULT_KEY, data))
+                kept.append(row)
+        flat = junit_properties(kept)
+        names = {name for name, _ in flat}
+        props[:] = [(key, value) for key, value in props if key not in names] + flat
 
 
 def _with_kernel_hint(exc: Exception, call: str) -> Exception:
