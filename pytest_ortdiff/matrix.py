@@ -297,6 +297,9 @@ def _provider_names() -> str:
 _CASE_ID = re.compile(rf"(?:^|-)(?:{_provider_names()})-(?:{'|'.join(TESTABLE)})(?=-|$)")
 
 
+_XDIST_GROUP = re.compile(r"@[^\[\]@/:]+$")
+
+
 def test_key(nodeid: str) -> str:
     """The test id without its provider/dtype id part: "t.py::test_x[CPU-float16]" -> "t.py::test_x",
     "t.py::test_y[CPU-float32-7]" -> "t.py::test_y[7]"."""
@@ -308,7 +311,9 @@ test_key.__test__ = False  # type: ignore[attr-defined]
 
 
 def _strip_case(nodeid: str, case: tuple[str, str] | None) -> str:
-    """`nodeid` without the parametrize id part of `case` (provider, dtype), or of any known case."""
+    """`nodeid` without the parametrize id part of `case` (provider, dtype), or of any known case (and
+    without the `@group` suffix xdist's `--dist loadgroup` appends to grouped tests' ids)."""
+    nodeid = _XDIST_GROUP.sub("", nodeid)
     start = nodeid.find("[", nodeid.find("::") + 1 if "::" in nodeid else 0)
     if start < 0 or not nodeid.endswith("]"):
         return nodeid

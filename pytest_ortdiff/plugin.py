@@ -13,7 +13,7 @@ import pytest
 from . import selection
 from .dtypes import TESTABLE, dtype_of, parse_dtype
 from .fixtures import _ortdiff_case, ort_dtype, ort_provider, ortdiff
-from .providers import KNOWN, parse_provider
+from .providers import KNOWN, parse_provider, torch_device
 from .results import SkipRow
 from .session import CASE_KEY, SKIP_KEY, RunResults
 from .tolerance import Tolerance
@@ -248,6 +248,8 @@ def _json_target(value: str, invocation_dir: Path, option: str = "--ortdiff-json
 def pytest_configure(config: pytest.Config) -> None:
     # before hypothesis's own plugin loads --hypothesis-profile
     _register_hypothesis_profiles()
+    # xdist registers it too; without xdist the GPU cases' group mark must still be a known marker
+    config.addinivalue_line("markers", "xdist_group(name): run the tests of one group on one xdist worker (--dist loadgroup)")
     from . import progress
 
     progress.configure_for_pytest(config)  # long work draws its bar past the capture; none under -q or xdist
@@ -403,6 +405,9 @@ def _wants_reproducible(value: Any) -> bool:
     return value is True or isinstance(value, dict)
 
 
+_GPU_GROUP = pytest.mark.xdist_group("ortdiff-gpu")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("ortdiff")
     uses = any(f in metafunc.fixturenames for f in _FIXTURES)
@@ -423,7 +428,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if "dtypes" in marker.kwargs:
             wanted = _marker_list(marker.kwargs["dtypes"], "dtypes", test)
             dtypes = [d for d in dtypes if d in wanted] if state.dtypes_given else wanted
-    params = [pytest.param((p, d), id=f"{p}-{d}") for p in providers for d in dtypes]
+    # GPU cases share one device: under `--dist loadgroup` they run on one xdist worker, never two at once
+    params = [pytest.param((p, d), id=f"{p}-{d}", marks=_GPU_GROUP if torch_device(p) != "cpu" else ()) for p in providers for d in dtypes]
     if not params:
         reason = f"no provider × dtype left: marker asks for {marker.kwargs.get('providers', 'any')} × {marker.kwargs.get('dtypes', 'any')}, the run selects {list(state.providers)} × {list(state.dtypes)}" if marker else "no provider × dtype selected"
         params = [pytest.param(("-", "-"), id="ortdiff-none", marks=pytest.mark.skip(reason=reason))]

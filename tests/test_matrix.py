@@ -259,3 +259,11 @@ def test_merge_html_writes_the_report_of_every_job(tmp_path: Path, capsys: pytes
     rc, _ = _merge(capsys, *_jobs(tmp_path, ("cpu-a", JOB_A), ("cpu-b", JOB_B), ("cpu-c", JOB_C)), "--html", str(out), "--label-from-file")
     html = out.read_text()
     assert rc == 0 and "cpu-b" in html and "test_lnmm" in html  # (what it shows: tests/test_htmlreport.py)
+
+
+def test_xdist_group_suffix_is_not_part_of_the_test() -> None:
+    """`--dist loadgroup` appends `@group` to the ids of grouped tests (the plugin groups GPU cases)."""
+    from pytest_ortdiff.matrix import test_key
+
+    assert test_key("t.py::test_x[CUDA-float16]@ortdiff-gpu") == "t.py::test_x"
+    assert test_key("t.py::test_y[CUDA-float32-7]@ortdiff-gpu") == "t.py::test_y[7]"

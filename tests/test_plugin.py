@@ -548,3 +548,12 @@ def test_cache_bound_from_ini_and_its_errors(pytester: pytest.Pytester, monkeypa
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*ini ortdiff_cache_mb: expected a number of MiB such as 512*got '1GB'*"])
+
+
+def test_gpu_cases_share_one_xdist_group(pytester: pytest.Pytester) -> None:
+    """Under `--dist loadgroup` the GPU cases run on one worker: they carry xdist_group("ortdiff-gpu"), CPU
+    cases none."""
+    pytester.makepyfile(test_g="def test_a(ortdiff):\n    pass\n")
+    items, _ = pytester.inline_genitems("--ort-providers=CPU,CUDA", "--ort-skip-unavailable", "-p", "no:xdist")
+    groups = {item.name: [m.args for m in item.iter_markers("xdist_group")] for item in items}
+    assert groups == {"test_a[CPU-float32]": [], "test_a[CUDA-float32]": [("ortdiff-gpu",)]}
