@@ -240,6 +240,7 @@ class NodeAudit:
     #: the half type's max divided by `absmax` (inf for a node of zeros; None: not audited)
     headroom: float | None = None
     node_name: str = field(default="", repr=False)  # the node's own name ("" when it has none)
+    inf: float = 0.0  # the share of ±inf elements (of `nan_inf`): a range rule counts them, not NaN
 
     @property
     def flagged(self) -> bool:
@@ -267,6 +268,7 @@ class NodeAudit:
             "underflow_zero": self.underflow_zero,
             "subnormal": self.subnormal,
             "nan_inf": self.nan_inf,
+            "inf": self.inf,
             "nan_inf_produced": self.nan_inf_produced,
             "headroom": None
             if self.headroom is None or math.isinf(self.headroom)
@@ -710,6 +712,7 @@ def _node_audits(graph: _Graph, accs: Sequence[_Acc], lim: _Limits) -> tuple[Nod
                 underflow_zero=a.underflow_zero / n if n else 0.0,
                 subnormal=a.subnormal / n if n else 0.0,
                 nan_inf=(a.nan + a.inf) / n if n else 0.0,
+                inf=a.inf / n if n else 0.0,
                 nan_inf_produced=a.produced / n if n else 0.0,
                 consumers=consumers,
                 reaches=sinks,

@@ -44,6 +44,7 @@ __all__ = [
     "convert_half",
     "keep_float32",
     "parse_budget",
+    "range_flagged",
     "range_only_list",
 ]
 
@@ -54,6 +55,7 @@ _HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 _ONNX_HALF = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
 # onnxruntime's converter: float32 literals and initializers of float16 nodes are clipped to these
 _MIN_POSITIVE, _MAX_FINITE = 5.96e-08, 65504.0
+_BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 
 
 _RULES = {
@@ -350,12 +352,14 @@ def _default_op_block_list() -> tuple[str, ...]:
 
 def _converter_rounding(t: torch.Tensor, half: str) -> torch.Tensor:
     """`t` (float32) as the converter stores it for a half-precision node, back in float32: float16 clips to
-    ±65504 and keeps tiny non-zero values at ±5.96e-8 (onnxruntime's convert_np_to_float16); bfloat16 rounds."""
+    ±65504 and keeps tiny non-zero values at ±5.96e-8 (onnxruntime's convert_np_to_float16); bfloat16 clips
+    to its own max likewise (float32's max, the `finfo.min` of attention masks, would round to inf: a mask
+    (1 - m) * min would be 0 * -inf = NaN), then rounds."""
     if half == "float16":
         tiny = (t != 0) & (t.abs() < _MIN_POSITIVE)
         t = torch.where(tiny, torch.copysign(torch.full_like(t, _MIN_POSITIVE), t), t)
-        finite = torch.isfinite(t)
-        t = torch.where(finite, t.clamp(-_MAX_FINITE, _MAX_FINITE), t)
+    top = _MAX_FINITE if half == "float16" else _BF16_MAX
+    t = torch.where(torch.isfinite(t), t.clamp(-top, top), t)
     return t.to(_HALF[half]).to(t.dtype)
 
 
@@ -511,6 +515,7 @@ def _retype_bfloat16(model: onnx.ModelProto, src: onnx.ModelProto) -> None:
 
     def bf16_tensor(orig: onnx.TensorProto, name: str) -> onnx.TensorProto:
         arr = torch.from_numpy(numpy_helper.to_array(orig).astype("float32"))
+        arr = _converter_rounding(arr, "bfloat16")  # clipped to bfloat16's range, rounded (exact)
         t = onnx.TensorProto()
         t.name, t.data_type = name, bf16
         t.dims.extend(orig.dims)
@@ -612,7 +617,7 @@ class _Simulator:
         name = node.name
         inits = self.init_inputs.get(name, [])
         dtype, half = self.half_dtype, self.half
-        literal = node.op_type in ("Constant", "ConstantOfShape") and half == "float16"
+        literal = node.op_type in ("Constant", "ConstantOfShape")
         back = tuple(o in self.float32 for o in node.output)
 
         def in_half(xs: Sequence[Any]) -> tuple[Any, ...]:
@@ -1135,20 +1140,46 @@ def _judge(checker: Checker, oracle: Sequence[Sequence[Any]], names: Sequence[st
 
 
 def range_only_list(report: AuditReport) -> tuple[str, ...]:
-    """The range-only rule: every node one of whose float32 output elements, on some audited input, the
-    half type cannot hold at full precision: beyond its max (overflow), non-zero below its smallest normal
-    (subnormal, or 0), or NaN/Inf."""
+    """The range-only rule as the seeds' tool applies it (transformer-deploy's `get_keep_fp32_nodes`): the
+    nodes `find_node_fp32` flags (`range_flagged`), each followed by the consumer of its output that
+    transformer-deploy keeps with it ("they will receive FP32 values as input"; its mapping from a value to
+    its reader keeps the last reader in graph order, so one consumer per node). Graph order, no repeats."""
+    flagged = set(range_flagged(report))
+    out: dict[str, None] = {}
+    for n in report.nodes:
+        name = n.node_name or n.name
+        if name in flagged:
+            out[name] = None
+            if n.consumers:
+                out[n.consumers[-1][1]] = None
+    return tuple(out)
+
+
+def range_flagged(report: AuditReport) -> tuple[str, ...]:
+    """transformer-deploy's `find_node_fp32`, the rule of the seeds' tool, over the audited inputs: every
+    node one of whose float32 output elements, on some input, is beyond float16's max (|x| > 65504, ±inf
+    included) or non-zero and below 5.96e-8 in magnitude (float16's smallest subnormal: it rounds to 0 or
+    to that). NaN alone does not count (its comparisons are false there too). The thresholds are float16's
+    whatever the half type: the tool has no other."""
     return tuple(
         n.node_name or n.name
         for n in report.nodes
-        if n.audited and (n.overflow or n.underflow_zero or n.subnormal or n.nan_inf)
+        if n.audited
+        and (
+            n.inf > 0
+            or (n.absmax is not None and n.absmax > _MAX_FINITE)
+            or (n.min_nonzero is not None and n.min_nonzero < _MIN_POSITIVE)
+        )
     )
 
 
-def _range_to_zero_count(report: AuditReport) -> int:
-    """The seeds' tool's count (transformer-deploy's get_keep_fp32_nodes): overflow or underflow to 0 only."""
+def _not_full_precision_count(report: AuditReport) -> int:
+    """Nodes with a float32 output element the half type does not hold at full precision on some input:
+    overflow, underflow to 0, a subnormal, or NaN/Inf (a broader count than the seeds' rule)."""
     return sum(
-        1 for n in report.nodes if n.audited and (n.overflow or n.underflow_zero or n.nan_inf)
+        1
+        for n in report.nodes
+        if n.audited and (n.overflow or n.underflow_zero or n.subnormal or n.nan_inf)
     )
 
 
@@ -1304,8 +1335,10 @@ def keep_float32(
     results.append(
         result(
             "range-only rule",
-            f"every node with a float32 output element outside {half}'s normal range or NaN/Inf on some input "
-            f"({_range_to_zero_count(report)} when only overflow and underflow to 0 count, as the seeds' tool does)",
+            f"every node with a float32 output element beyond ±65504 or non-zero below 5.96e-08 on some input "
+            f"({len(range_flagged(report))}: transformer-deploy's find_node_fp32), and the consumer of each that "
+            "transformer-deploy's get_keep_fp32_nodes keeps with it (the seeds' tool); "
+            f"{_not_full_precision_count(report)} nodes hold a value {half} does not hold at full precision (subnormals included)",
             ranged,
         )[0]
     )
