@@ -8,16 +8,19 @@ oracle are measured too, and the blame is summed per module scope of the exporte
 from __future__ import annotations
 
 import ast
-import heapq
+import itertools
+import math
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
+import numpy as np
 import onnx
-import onnx.helper as oh
+import onnx.numpy_helper
 import torch
 
+from . import diff as _diff  # (its chunking constants: blame's statistics sum in compare's order)
 from . import progress
 from .diff import DiffReport, compare
 from .dtypes import DType, dtype_of
@@ -357,6 +360,172 @@ def _same_bits(a: Any, b: Any) -> bool:
 _BIT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
 
 
+class _Errors(NamedTuple):
+    """The few numbers of a comparison that blame's rows show, exactly as `compare()` reports them."""
+
+    max_abs: float
+    max_ulp: float
+    mean_abs: float
+    n: int
+    #: NaN/Inf mismatches (what besides max_abs makes a report not exact)
+    mismatched: bool
+
+    @property
+    def is_exact(self) -> bool:
+        return self.max_abs == 0 and not self.mismatched
+
+
+_NO_ERROR = _Errors(0.0, 0.0, 0.0, 0, False)
+
+
+def _errors(expected: Any, got: Any, *, ulp: bool = True, mean: bool = True) -> _Errors:
+    """`compare(expected, got)`'s max_abs, max_ulp and mean_abs (and whether NaN/Inf mismatch), without
+    the histogram, the floored and relative errors and the report: blame asks for these thousands of
+    times on small tensors, where compare's fixed cost (~0.5 ms) is most of the swap. A tensor or a list
+    of tensors, as compare takes them; anything else (nested values, integers, another device) goes to
+    compare itself. The same numbers bit for bit: the same |e - g| in the same work dtype, the same
+    summation order (tests/test_blame.py holds the two to it on NaN/Inf/zero-crossing inputs).
+    `ulp=False`, `mean=False`: that number is not needed (NaN in the result) and not computed."""
+    if isinstance(expected, list | tuple) and isinstance(got, list | tuple) and len(expected) == len(got):
+        leaves = [_leaf_errors(e, g, ulp, mean) for e, g in zip(expected, got, strict=True)]
+        if all(leaf is not None for leaf in leaves):
+            return _aggregate_errors(leaves)  # type: ignore[arg-type]
+    elif isinstance(expected, torch.Tensor):
+        leaf = _leaf_errors(expected, got, ulp, mean)
+        if leaf is not None:
+            return leaf
+    r = compare(expected, got)
+    return _Errors(r.max_abs, r.max_ulp, r.mean_abs, r.n, bool(r.nan_mismatch or r.inf_mismatch))
+
+
+def _aggregate_errors(leaves: Sequence[_Errors]) -> _Errors:
+    """As compare's aggregate of a list: maxima over the outputs, the mean weighted by their sizes."""
+    n = sum(r.n for r in leaves)
+    if not leaves:
+        return _NO_ERROR
+    return _Errors(
+        max(r.max_abs for r in leaves),
+        max(r.max_ulp for r in leaves),
+        sum(r.mean_abs * r.n for r in leaves) / n if n else 0.0,
+        n,
+        any(r.mismatched for r in leaves),
+    )
+
+
+def _leaf_errors(e: Any, g: Any, ulp: bool = True, mean: bool = True) -> _Errors | None:
+    """One pair of CPU floating tensors of one shape and dtype (None for anything else: compare's)."""
+    if not isinstance(e, torch.Tensor) or not isinstance(g, torch.Tensor):
+        return None
+    bits = _BIT_VIEW.get(e.dtype)
+    if bits is None or e.dtype != g.dtype or e.shape != g.shape or e.device.type != "cpu" or g.device.type != "cpu":
+        return None
+    n = e.numel()
+    if n == 0:
+        return _NO_ERROR
+    e, g = e.detach(), g.detach()
+    if e.dtype in (torch.float16, torch.bfloat16):  # compare's work dtype: float32
+        ew, gw = e.float(), g.float()
+    else:
+        ew, gw = e, g
+    d = (ew - gw).abs_()  # (IEEE: the same |e - g| as compare's numpy)
+    top = float(d.max())
+    if math.isfinite(top):  # every pair finite (compare's fast chunks)
+        max_ulp = 0.0 if ulp else math.nan  # (equal everywhere: 0 ULPs)
+        if ulp and top:
+            max_ulp = _max_ulp(e.reshape(-1).view(bits).numpy(), g.reshape(-1).view(bits).numpy())
+        mean_abs = _sum_abs(d.reshape(-1).numpy(), None, e.dtype) / n if mean else math.nan
+        return _Errors(top, max_ulp, mean_abs, n, False)
+    # NaN/Inf somewhere (compare's exact chunks): a NaN or Inf on one side only is a mismatch, equal
+    # NaNs and equal Infs count as equal; what is left is a difference (inf where one overflows)
+    ef, gf = e.reshape(-1), g.reshape(-1)
+    ewn, gwn, dn = ew.reshape(-1).numpy(), gw.reshape(-1).numpy(), d.reshape(-1).numpy()
+    en, gn = np.isnan(ewn), np.isnan(gwn)
+    ei, gi = np.isinf(ewn), np.isinf(gwn)
+    same_inf = ei & gi & (ewn == gwn)
+    mis = (en ^ gn) | ((ei | gi) & ~same_inf & ~(en | gn))
+    d64 = np.where(mis | (en & gn) | same_inf, 0.0, dn.astype(np.float64))
+    n_mis = int(np.count_nonzero(mis))
+    max_abs = float(np.where(mis, -1.0, d64).max()) if n_mis < n else 0.0
+    pos = d64 > 0
+    max_ulp = _max_ulp(ef.view(bits).numpy()[pos], gf.view(bits).numpy()[pos]) if pos.any() else 0.0
+    return _Errors(max(max_abs, 0.0), max_ulp, _sum_abs(dn, d64, e.dtype) / n, n, n_mis > 0)
+
+
+def _max_ulp(eb: np.ndarray, gb: np.ndarray) -> float:
+    """Max ULP distance of pairs of IEEE bit patterns (as signed integers): for a same-sign pair the
+    difference of the patterns (it fits their type), for an opposite-sign pair the difference of the
+    ordered patterns (a negative pattern b orders as -(b & magnitude)), exactly, rounded once to float64."""
+    if not eb.size:
+        return 0.0
+    u = np.subtract(eb, gb)  # (wraps for opposite signs: those are redone below)
+    opposite = np.bitwise_xor(eb, gb) < 0
+    if not opposite.any():
+        return float(np.abs(u).max())
+    same = u[~opposite]
+    top = float(np.abs(same).max()) if same.size else 0.0
+    eo, go = eb[opposite], gb[opposite]
+    if eb.dtype != np.int64:
+        mag = np.iinfo(eb.dtype).max
+        e64, g64 = eo.astype(np.int64), go.astype(np.int64)
+        oe, og = np.where(e64 < 0, -(e64 & mag), e64), np.where(g64 < 0, -(g64 & mag), g64)
+        return max(top, float(np.abs(oe - og).max()))
+    mag64 = np.int64(0x7FFFFFFFFFFFFFFF)
+    oe, og = np.where(eo < 0, -(eo & mag64), eo), np.where(go < 0, -(go & mag64), go)
+    hi = (oe >> 11) - (og >> 11)  # |hi| < 2**53: exact as float64
+    lo = (oe & 2047) - (og & 2047)
+    return max(top, float(np.abs(hi * 2048.0 + lo).max()))
+
+
+def _sum_abs(d: np.ndarray, masked64: np.ndarray | None, dtype: torch.dtype) -> float:
+    """sum |e - g| in compare's order: its chunks and worker ranges (see diff._cpu_pass), a chunk of finite
+    differences summed as diff._fast_chunk does, one holding NaN/Inf as diff._exact_chunk does (in float64,
+    mismatches and equal NaN/Inf as 0). `d`: the flat |e - g| in the work dtype; `masked64`: that, masked,
+    in float64 (None when every difference is finite)."""
+    with np.errstate(all="ignore"):  # (a float32 sum that overflows is redone in float64)
+        return _chunked_sum(d, masked64, dtype)
+
+
+def _chunked_sum(d: np.ndarray, masked64: np.ndarray | None, dtype: torch.dtype) -> float:
+    n = d.size
+    convert = dtype in (torch.float16, torch.bfloat16)  # (their chunks are whole pieces of the cast)
+    if masked64 is None and n <= (_diff._SERIAL if convert else _diff._CHUNK):  # the usual case: one chunk
+        return _fast_sum(d)
+    chunk = max(1, min(_diff._CHUNK, n))
+    n_chunks = -(-n // chunk)
+    workers = min(_diff._MAX_WORKERS, torch.get_num_threads(), n_chunks)
+    bounds = [0, n] if workers <= 1 else [min(n, (i * n_chunks // workers) * chunk) for i in range(workers + 1)]
+    total = 0.0
+    for lo, hi in itertools.pairwise(bounds):
+        part = 0.0
+        step = max(1, min(chunk, hi - lo))
+        if convert:
+            piece = min(_diff._SERIAL, step)
+            step = step // piece * piece
+        for start in range(lo, hi, step):
+            stop = min(hi, start + step)
+            c = d[start:stop]
+            if masked64 is None or math.isfinite(float(c.max())):
+                part += _fast_sum(c)
+            else:
+                part += float(masked64[start:stop].sum())
+        total += part
+    return total
+
+
+def _fast_sum(d: np.ndarray) -> float:
+    """diff._fast_chunk's sum: float32 lanes added down the rows, the lane sums in float64 (a float32
+    overflow redone in float64)."""
+    k = d.size
+    lanes = next((w for w in (2048, 1024, 512) if k % w == 0 and k >= 16 * w), 0)
+    if lanes:
+        s = float(np.add.reduce(np.add.reduce(d.reshape(-1, lanes), axis=0), dtype=np.float64))
+    else:
+        s = float(np.add.reduce(d))
+    if s == math.inf:
+        s = float(np.add.reduce(d, dtype=np.float64))
+    return s
+
+
 class _Graph:
     """The main graph's nodes with their kernels and the names each kernel reads (outer-scope values of a
     body included), its consumers, and how many nodes depend on each node: what a swap recomputes."""
@@ -380,6 +549,8 @@ class _Graph:
                 if x:
                     self.consumers.setdefault(x, []).append(i)
         self.subgraph = [_has_graph(n) for n in nodes]
+        self.outputs = [tuple(n.output) for n in nodes]
+        self.runs = [k.run for k in self.kernels]
 
     def descendants(self) -> list[int]:
         """How many nodes depend on each node (a bitset per node, from the last node up)."""
@@ -397,17 +568,23 @@ def _has_graph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
-def _has_onnx_type(t: torch.Tensor) -> bool:
-    try:
-        dtype_of(t.dtype).onnx  # noqa: B018 (raises for a dtype ONNX has no name for)
-    except ValueError:
-        return False
-    return True
+_ONNX_TYPES: dict[torch.dtype, int | None] = {}
+
+
+def _onnx_type(dt: torch.dtype) -> int | None:
+    """torch dtype -> ONNX element type (None: a dtype ONNX has no name for), looked up once per dtype."""
+    if dt not in _ONNX_TYPES:
+        try:
+            _ONNX_TYPES[dt] = dtype_of(dt).onnx
+        except ValueError:
+            _ONNX_TYPES[dt] = None
+    return _ONNX_TYPES[dt]
 
 
 def _local_outputs(m: onnx.ModelProto, graph: _Graph, values: Mapping[str, Any], provider: str, opsets: Mapping[str, int]) -> dict[int, tuple[Any, ...]]:
     """Every node's outputs computed by onnxruntime from the torch run's inputs, in one session: a model
-    holding a copy of each node, its inputs renamed to fresh graph inputs fed with the torch run's values.
+    holding a copy of each node, its inputs renamed to graph inputs fed with the torch run's values (one
+    per value: nodes reading the same value share it).
     Nodes carrying graphs (their bodies read outer-scope values) and nodes reading anything but tensors
     are left out. Falls back to one session per node when onnxruntime refuses the combined model."""
     picked: list[int] = []
@@ -415,37 +592,104 @@ def _local_outputs(m: onnx.ModelProto, graph: _Graph, values: Mapping[str, Any],
         if graph.subgraph[i]:
             continue
         ins = [values.get(x) for x in node.input if x]
-        if all(isinstance(t, torch.Tensor) and _has_onnx_type(t) for t in ins):
+        if all(isinstance(t, torch.Tensor) and _onnx_type(t.dtype) is not None for t in ins):
             picked.append(i)
+    # Constant nodes (a third of a TorchScript export) need no session: their output is their tensor
+    constants: dict[int, tuple[Any, ...]] = {}
+    for i in picked:
+        value = _constant_value(graph.nodes[i])
+        if value is not None:
+            constants[i] = (value,)
+    picked = [i for i in picked if i not in constants]
     if not picked:
-        return {}
-    nodes, graph_inputs, graph_outputs, feeds = [], [], [], {}
+        return constants
+    # built field by field (onnx.helper's constructors cost more than the session on a large graph); the
+    # same model as make_model(make_graph(...)) with make_tensor_value_info/make_node/make_empty_tensor_value_info
+    combined = onnx.ModelProto(ir_version=max(m.ir_version, 9))
+    combined.opset_import.extend(m.opset_import)
+    combined.functions.extend(m.functions)
+    g = combined.graph
+    g.name = "blame_local"
+    feeds: dict[str, torch.Tensor] = {}
+    fed: dict[str, str] = {}  # value -> the graph input holding it (one per value, whatever reads it)
     for i in picked:
         node = graph.nodes[i]
         in_names = []
-        for j, x in enumerate(node.input):
+        for x in node.input:
             if not x:
                 in_names.append("")
                 continue
-            name = f"n{i}:i{j}"
-            t = values[x]
-            graph_inputs.append(oh.make_tensor_value_info(name, dtype_of(t.dtype).onnx, [f"n{i}:d{j}_{a}" for a in range(t.dim())]))
-            feeds[name] = t
+            name = fed.get(x)
+            if name is None:
+                name = fed[x] = f"v{len(fed)}"
+                t = values[x]
+                vi = g.input.add()
+                vi.name = name
+                tt = vi.type.tensor_type
+                tt.elem_type = _onnx_type(t.dtype)  # (picked: not None)
+                tt.shape.SetInParent()  # (a scalar has a shape without dims; no shape would be any rank)
+                for a in range(t.dim()):
+                    tt.shape.dim.add().dim_param = f"{name}:d{a}"
+                feeds[name] = t
             in_names.append(name)
         out_names = [f"n{i}:o{j}" if o else "" for j, o in enumerate(node.output)]
-        graph_outputs += [oh.make_empty_tensor_value_info(o) for o in out_names if o]
-        copy = oh.make_node(node.op_type, in_names, out_names, domain=node.domain, name=node.name or f"{node.op_type}_{i}")
+        for o in out_names:
+            if o:
+                g.output.add().name = o
+        copy = g.node.add()
+        copy.op_type = node.op_type
+        copy.input.extend(in_names)
+        copy.output.extend(out_names)
+        copy.name = node.name or f"{node.op_type}_{i}"
+        copy.domain = node.domain
         copy.attribute.extend(node.attribute)
-        nodes.append(copy)
-    combined = oh.make_model(oh.make_graph(nodes, "blame_local", graph_inputs, graph_outputs), opset_imports=list(m.opset_import), ir_version=max(m.ir_version, 9))
-    combined.functions.extend(m.functions)
     try:
-        runner = OrtRunner(combined, provider=provider)
+        # no graph optimizations: no transformer of any level applies to nodes that share no edge and read
+        # no initializer (every fusion needs an edge, every folding or elimination a constant input or a
+        # node whose output is not a graph output), so each node runs as OrtKernel's one-node model runs
+        # it (the tests hold the two to the same bits); the optimizers' passes over a graph of thousands
+        # of nodes cost as much as the rest of the session
+        runner = OrtRunner(combined, provider=provider, session_options={"graph_optimization_level": "disable"})
         names = runner.output_names
-        got = dict(zip(names, runner.run(names, feeds), strict=True))
+        got = dict(zip(names, _run_own_feeds(runner, names, feeds), strict=True))
     except Exception:  # one node onnxruntime refuses in this form: ask node by node, as before
-        return _local_outputs_one_by_one(graph, picked, values, opsets)
-    return {i: tuple(got.get(f"n{i}:o{j}") if o else None for j, o in enumerate(graph.nodes[i].output)) for i in picked}
+        return {**constants, **_local_outputs_one_by_one(graph, picked, values, opsets)}
+    return {**constants, **{i: tuple(got.get(f"n{i}:o{j}") if o else None for j, o in enumerate(graph.nodes[i].output)) for i in picked}}
+
+
+def _constant_value(node: onnx.NodeProto) -> torch.Tensor | None:
+    """A Constant node's output as ONNX defines it: its `value` tensor, decoded by onnx's own numpy_helper
+    (not by the code the torch kernel uses), for the dtypes numpy holds; None for any other node."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or [a.name for a in node.attribute] != ["value"]:
+        return None
+    t = node.attribute[0].t
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    array = onnx.numpy_helper.to_array(t)
+    if array.dtype not in _NUMPY_TYPES:
+        return None
+    return torch.from_numpy(np.array(array, copy=True))  # (a writable copy of its own)
+
+
+# the dtypes numpy holds as they are (bfloat16 and the float8s are not among them)
+_NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
+_NUMPY_TYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"))
+
+
+def _run_own_feeds(runner: OrtRunner, names: list[str], feeds: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """`runner.run` for feeds blame made itself (their names, dtypes and ranks are the model's by
+    construction): on CPU straight through the session with numpy arrays, without OrtRunner's feed checks
+    and I/O binding, which cost as much as the run for a model with a thousand inputs."""
+    if runner.provider != "CPU" or any(t.device.type != "cpu" or t.dtype not in _NUMPY_DTYPES for t in feeds.values()):
+        return runner.run(names, feeds)
+    arrays = {k: t.detach().contiguous().numpy() for k, t in feeds.items()}
+    return [torch.from_numpy(_own_array(y)) for y in runner.session.run(names, arrays)]
+
+
+def _own_array(y: np.ndarray) -> np.ndarray:
+    """A C-contiguous, writable array torch can take without copying (onnxruntime's usually is); a copy
+    otherwise (np.ascontiguousarray would make a scalar 1-d)."""
+    return y if y.flags.c_contiguous and y.flags.writeable else np.array(y, order="C", copy=True)
 
 
 def _local_outputs_one_by_one(graph: _Graph, picked: Sequence[int], values: Mapping[str, Any], opsets: Mapping[str, int]) -> dict[int, tuple[Any, ...]]:
@@ -469,7 +713,7 @@ def _local_error(node: onnx.NodeProto, values: Mapping[str, Any], local: tuple[A
         x = values.get(name) if name else None
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
             continue
-        r = compare(x, y)
+        r = _errors(x, y, mean=False)
         worst_abs = max(worst_abs, r.max_abs)
         worst_ulp = max(worst_ulp, r.max_ulp)
     return worst_abs, worst_ulp
@@ -496,32 +740,52 @@ class _Swapper:
 
     def run(self, swapped: Collection[int]) -> list[Any]:
         """The graph's outputs with `swapped` on onnxruntime (each must have a local output)."""
-        g, base = self.graph, self.values
+        g, base, local = self.graph, self.values, self.local
+        runs, inputs, outputs, consumers = g.runs, g.inputs, g.outputs, g.consumers
         changed: dict[str, Any] = {}
-        heap = sorted(swapped)
-        heapq.heapify(heap)
-        queued = set(heap)
-        while heap:
-            i = heapq.heappop(heap)
-            ins = g.inputs[i]
-            dirty = any(x in changed for x in ins if x)
+        get, base_get = changed.get, base.get
+        Tensor, equal = torch.Tensor, torch.equal  # (looked up once per swap)
+        # nodes run in graph order (a topological one): a node's inputs are final when its turn comes.
+        # A flag per node says whether one of its inputs changed; the walk ends after the last flagged one
+        dirty = bytearray(len(g.nodes))
+        for i in swapped:
+            dirty[i] = 1
+        last = max(swapped, default=-1)
+        executed = 0
+        i = min(swapped, default=0)
+        while i <= last:
+            if not dirty[i]:
+                i += 1
+                continue
             if i in swapped:
-                if dirty:
-                    res = self.ort_kernel(i).run(*[changed.get(x, base.get(x)) if x else None for x in g.nodes[i].input])
-                    self.executed += 1
+                if any(x in changed for x in inputs[i] if x):
+                    res = self.ort_kernel(i).run(*[get(x, base_get(x)) if x else None for x in g.nodes[i].input])
+                    executed += 1
                 else:
-                    res = self.local[i]
+                    res = local[i]
             else:
-                res = g.kernels[i].run(*[changed.get(x, base.get(x)) if x else None for x in ins])
-                self.executed += 1
-            for o, y in zip(g.nodes[i].output, res, strict=False):
-                if o and not _same_bits(y, base.get(o)):
-                    changed[o] = y
-                    for j in g.consumers.get(o, ()):
-                        if j not in queued:
-                            queued.add(j)
-                            heapq.heappush(heap, j)
-        return [changed.get(o, base.get(o)) for o in self.outputs]
+                res = runs[i](*[get(x, base_get(x)) if x else None for x in inputs[i]])
+                executed += 1
+            for o, y in zip(outputs[i], res, strict=False):
+                if not o:
+                    continue
+                before = base_get(o)
+                # changed: not `_same_bits`, after a cheap first test (this runs for every output of every
+                # node a swap runs again): a floating tensor whose values differ has changed. One whose
+                # NaNs hide identical bits counts as changed too: its consumers run again and compute
+                # what they computed before, which costs time, never exactness
+                if y is before:
+                    continue
+                if not (type(y) is Tensor and type(before) is Tensor and y.dtype is before.dtype and y.dtype.is_floating_point and y.shape == before.shape and y.device == before.device and not equal(y, before)) and _same_bits(y, before):
+                    continue
+                changed[o] = y
+                for j in consumers.get(o, ()):
+                    dirty[j] = 1
+                    if j > last:
+                        last = j
+            i += 1
+        self.executed += executed
+        return [get(o, base_get(o)) for o in self.outputs]
 
 
 def blame(
@@ -548,7 +812,8 @@ def blame(
     torch's changes nothing when swapped: its row is known without running it (`BlameRow.skipped`).
 
     `budget`: how much recomputation the single-node swaps may cost, in runs of the graph (nodes run again,
-    all swaps together, over the graph's node count). When swapping every node would cost more (a large
+    all swaps together, over the graph's node count; in time several times that many runs, as the nodes
+    a swap runs again are the heavy ones, seldom the shape arithmetic). When swapping every node would cost more (a large
     graph with many nodes whose result differs), each node's share of the gap is first estimated to first
     order (one backward pass through the torch run), and the swaps run exactly in the order of that
     estimate until the budget is spent (the 3 first always); the other rows keep the estimate
@@ -569,7 +834,7 @@ def blame(
     ort_all = ort_intermediates(m, feeds, provider)
     clock.lap("onnxruntime run (every value)")
     ort_out = [ort_all[o] for o in outputs]
-    torch_all = base.run(None, feeds, intermediates=True)
+    torch_all = _torch_values(base, m, feeds)
     clock.lap("torch run (every value)")
     torch_out = [torch_all[o] for o in outputs]
     gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
@@ -579,19 +844,21 @@ def blame(
     table_oracle: dict[str, OracleError] = {}
     if oracle:
         ev64 = _oracle(m, device, kernels, extra)
-        oracle_out = _to_declared(ev64.run(None, feeds), declared)
+        # (observe: the plain plan, run once; a first run otherwise also records a shape-specialised plan
+        # for the runs to come, and there are none)
+        oracle_out = _to_declared(ev64.run(None, feeds, observe=_ignore), declared)
         for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
             r = compare(oracle_out, outs)
             table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
         clock.lap("float64 oracle")
 
     def measured(sub: list[Any]) -> tuple[float, float, float, float | None, float | None]:
-        vs_ort = compare(sub, ort_out)
-        vs_torch = compare(sub, torch_out)
+        vs_ort = _errors(sub, ort_out, ulp=False)
+        vs_torch = _errors(sub, torch_out, ulp=False, mean=False)
         explained = 0.0 if gap_mean == 0 else max(0.0, min(1.0, 1.0 - vs_ort.mean_abs / gap_mean))
         o_abs = o_ulp = None
         if oracle_out is not None:
-            r = compare(oracle_out, sub)
+            r = _errors(oracle_out, sub, mean=False)
             o_abs, o_ulp = r.max_abs, r.max_ulp
         return explained, vs_ort.max_abs, vs_torch.max_abs, o_abs, o_ulp
 
@@ -610,7 +877,6 @@ def blame(
     graph = _Graph(base)
     clock.lap("graph")
     local = _local_outputs(named, graph, torch_all, provider, base.opsets)
-    swapper = _Swapper(graph, torch_all, local, outputs, base.opsets)
     clock.lap("onnxruntime local outputs (one session)")
     unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
 
@@ -621,6 +887,8 @@ def blame(
             got = local.get(i)
             no_ops[i] = got is not None and all(not o or _same_bits(y, torch_all.get(o)) for o, y in zip(graph.nodes[i].output, got, strict=False))
         return no_ops[i]
+
+    swapper = _Swapper(graph, torch_all, local, outputs, base.opsets)
 
     def swap(indices: list[int]) -> tuple[float, float, float, float | None, float | None]:
         if any(i not in local for i in indices):
@@ -660,10 +928,14 @@ def blame(
             else:
                 explained, vs_ort, vs_torch, o_abs, o_ulp = estimates.get(i, 0.0), None, None, None, None
             local_abs, local_ulp = (0.0, 0.0) if skipped else _local_error(node, torch_all, local.get(i))
-            d = _drift(node, torch_all, ort_all, drift_tol)
+            d = _drift(node, torch_all, ort_all)
             drift = d.max_abs if d is not None else None
-            if d is not None and not d.is_exact and first_divergence is None and (bool(drift_tol.check(d)) if drift_tol is not None else not d.is_exact):
-                first_divergence = f"{key} ({node.op_type}): max abs {g(d.max_abs)}, {d.mismatches:,}/{d.n:,} elements differ"
+            if d is not None and not d.is_exact and first_divergence is None:
+                # the full report only here: the message's counts, and the tolerance's verdict
+                x, y = torch_all[node.output[0]], ort_all[node.output[0]]
+                full = compare(x, y, tolerance=drift_tol.allclose if drift_tol is not None else None)
+                if bool(drift_tol.check(full)) if drift_tol is not None else True:
+                    first_divergence = f"{key} ({node.op_type}): max abs {g(full.max_abs)}, {full.mismatches:,}/{full.n:,} elements differ"
             rows.append(BlameRow(key, node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drift, o_abs, o_ulp, skipped=skipped, scope=scopes[i], exact=exact))
             shown.update()
 
@@ -687,7 +959,10 @@ def blame(
     rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp))  # stable: graph order among equals
     op_rows.sort(key=lambda r: -r.explained)
     clock.lap("op-type swaps")
-    notes = ort_graph_notes(named, provider) if not gap.is_exact else []
+    # onnxruntime inserts Casts only around nodes reading float16 (its InsertCastTransformer): without a
+    # float16 value there is nothing to note, and no session to build for it
+    has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in torch_all.values())
+    notes = ort_graph_notes(named, provider) if has_fp16 and not gap.is_exact else []
     clock.lap("onnxruntime graph notes")
     return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes, nodes_recomputed=swapper.executed, timings=clock.laps)
 
@@ -701,12 +976,13 @@ def _first_order(
     ort_out: Sequence[Any],
     gap_mean: float,
 ) -> dict[int, float]:
-    """Each candidate's share of the gap to first order: the torch run again under autograd, each candidate's
-    floating outputs shifted by `s_i * (onnxruntime's - torch's)` with a scalar `s_i = 0`; the gradient of
-    mean|outputs - onnxruntime's| with respect to `s_i` is the change its swap makes, to first order. A
-    kernel that cannot run under autograd runs detached (no gradient flows through it). {} when the
-    graph's outputs carry no gradient at all."""
-    shifts: dict[int, torch.Tensor] = {}
+    """Each candidate's share of the gap to first order: the torch run again under autograd, then one
+    backward pass giving the gradient g of mean|outputs - onnxruntime's| at each candidate's floating
+    outputs; <g, onnxruntime's output - torch's> is the change its swap makes, to first order (the
+    derivative in s of the run with the output shifted by s times that difference). A kernel that
+    cannot run under autograd runs detached (no gradient flows through it). {} when the graph's outputs
+    carry no gradient at all."""
+    at: list[tuple[int, torch.Tensor, torch.Tensor, str]] = []  # (candidate, its output in the graph, onnxruntime's, name)
     vals: dict[str, Any] = {}
     chosen = set(candidates)
     with torch.enable_grad():
@@ -725,9 +1001,9 @@ def _first_order(
                     continue
                 theirs = got[j] if got is not None and j < len(got) else None
                 if isinstance(theirs, torch.Tensor) and y.is_floating_point() and theirs.shape == y.shape and theirs.dtype == y.dtype:
-                    s = shifts.setdefault(i, torch.zeros((), dtype=torch.float64, device=y.device, requires_grad=True))
-                    delta = torch.nan_to_num((theirs.detach() - values[o]).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
-                    y = (y.to(torch.float64) + s * delta).to(y.dtype)
+                    # a tensor of its own (a kernel may return its input) that the gradient reaches
+                    y = y.view_as(y) if y.requires_grad else y.detach().requires_grad_()
+                    at.append((i, y, theirs, o))
                 vals[o] = y
         outs = [vals.get(o, values.get(o)) for o in outputs]
         terms = [
@@ -735,13 +1011,21 @@ def _first_order(
             for a, b in zip(outs, ort_out, strict=True)
             if isinstance(a, torch.Tensor) and a.requires_grad and isinstance(b, torch.Tensor) and a.is_floating_point()
         ]
-        if not terms or not shifts:
+        if not terms or not at:
             return {}
         n = sum(int(b.numel()) for b in ort_out if isinstance(b, torch.Tensor))
         loss = torch.stack(terms).sum() / max(n, 1)
-        order = list(shifts)
-        grads = torch.autograd.grad(loss, [shifts[i] for i in order], allow_unused=True)
-    return {i: max(0.0, min(1.0, -float(gr) / gap_mean)) if gr is not None else 0.0 for i, gr in zip(order, grads, strict=True)}
+        grads = torch.autograd.grad(loss, [y for _, y, _, _ in at], allow_unused=True)
+    slopes: dict[int, float] = {}
+    reached: set[int] = set()
+    for (i, _, theirs, o), gr in zip(at, grads, strict=True):
+        slopes.setdefault(i, 0.0)
+        if gr is None:
+            continue
+        reached.add(i)
+        delta = torch.nan_to_num((theirs.detach() - values[o]).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        slopes[i] += float((gr.to(torch.float64) * delta).sum())
+    return {i: max(0.0, min(1.0, -slope / gap_mean)) if i in reached else 0.0 for i, slope in slopes.items()}
 
 
 class _Clock:
@@ -755,16 +1039,16 @@ class _Clock:
         self._t = now
 
 
-def _drift(node: onnx.NodeProto, torch_all: Mapping[str, Any], ort_all: Mapping[str, Any], tol: Tolerance | None) -> DiffReport | None:
+def _drift(node: onnx.NodeProto, torch_all: Mapping[str, Any], ort_all: Mapping[str, Any]) -> _Errors | None:
     """The node's first output in the torch run against the onnxruntime run (accumulated error), or None
     when they cannot be compared."""
     out0 = node.output[0] if node.output else ""
     x, y = torch_all.get(out0), ort_all.get(out0)
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
         return None
-    if torch.equal(x, y):  # most nodes: no report to build
-        return DiffReport(n=x.numel())
-    return compare(x, y, tolerance=tol.allclose if tol is not None else None)
+    if torch.equal(x, y):  # most nodes: nothing to measure
+        return _NO_ERROR
+    return _errors(x, y, ulp=False, mean=False)
 
 
 def node_scope(node: onnx.NodeProto) -> str:
@@ -797,10 +1081,27 @@ def _oracle(m: onnx.ModelProto, device: Any, kernels: Mapping[Any, Any], extra: 
     name a runtime ("ort" for an op without a torch kernel, ...) go in, and a callable only where the
     oracle cannot be built without it (an op no runtime here has)."""
     named = {k: v for k, v in kernels.items() if isinstance(v, str)}
+    # (the torch evaluator built from this model has checked it already)
     try:
-        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=named, **extra)
+        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=named, check_model=False, **extra)
     except MissingKernelError:
-        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=kernels, **extra)
+        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=kernels, check_model=False, **extra)
+
+
+def _torch_values(ev: TorchEvaluator, m: onnx.ModelProto, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """Every value of one torch run of the main graph (initializers and feeds included), as
+    `run(..., intermediates=True)` gives them but for the values inside bodies, which blame never reads:
+    streamed by `observe` through the plain plan, as `intermediates=True` would make its first run record a
+    shape-specialised plan for the runs to come, and there are none (a third of the run's time)."""
+    values: dict[str, Any] = {}
+    asked = list(dict.fromkeys([*(i.name for i in m.graph.initializer), *ev.input_types, *ev.output_names]))
+    got = ev.run(asked, feeds, observe=lambda node, outs: values.update(outs))
+    values.update(zip(asked, got, strict=True))
+    return values
+
+
+def _ignore(node: onnx.NodeProto, outputs: Mapping[str, Any]) -> None:
+    """An observer that looks at nothing."""
 
 
 def _first_float_dtype(dtypes: Sequence[torch.dtype | None]) -> str:

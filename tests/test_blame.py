@@ -4,11 +4,14 @@ says who is right."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import onnx.helper as oh
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pytest_ortdiff import OrtRunner, TorchEvaluator, blame, compare, models
 from pytest_ortdiff.blame import ort_intermediates
@@ -457,3 +460,113 @@ def test_local_errors_fall_back_to_one_session_per_node(monkeypatch: pytest.Monk
     monkeypatch.setattr(blame_module, "OrtRunner", Refusing)
     table = blame(model, feeds, kernels=kernels)
     assert [(r.node, r.explained, r.local_max_abs, r.skipped) for r in table] == [(r.node, r.explained, r.local_max_abs, r.skipped) for r in expected]
+
+
+# -- blame's own statistics: compare()'s numbers without its report ---------------------------------------
+
+_SPECIAL = [0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1e-40, -1e-40, 3e38, -3e38, 6e4, -6e4, 1.0, -1.0]
+
+
+@st.composite
+def _pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two tensors of one dtype and shape: mostly close values, some equal, some of them NaN, Inf, ±0,
+    subnormal or huge (differences that overflow), and sign changes across zero."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]))
+    value = st.one_of(st.floats(-4, 4), st.sampled_from(_SPECIAL))
+    # per element: its expected value, and got equal to it, a little off, or anything
+    pairs = draw(st.lists(st.tuples(value, st.sampled_from(["equal", "near", "any"]), value), max_size=24))
+    e = [x for x, _, _ in pairs]
+    g = [x if how == "equal" else x * (1 + 1e-3) + 1e-4 if how == "near" else y for x, how, y in pairs]
+    return torch.tensor(e, dtype=torch.float64).to(dtype), torch.tensor(g, dtype=torch.float64).to(dtype)
+
+
+def _same_numbers(fast: Any, report: Any) -> None:
+    assert (fast.max_abs, fast.max_ulp, fast.n, fast.mismatched) == (report.max_abs, report.max_ulp, report.n, bool(report.nan_mismatch or report.inf_mismatch))
+    assert fast.mean_abs == report.mean_abs or (np.isnan(fast.mean_abs) and np.isnan(report.mean_abs))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_pairs(), _pairs())
+def test_blame_statistics_are_compares_numbers(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> None:
+    # blame computes a swap's max abs, max ulp and mean abs without compare()'s histogram and report;
+    # its rows are compare()'s numbers, bit for bit, so the two must agree exactly, NaN/Inf rules included
+    from pytest_ortdiff.blame import _errors
+
+    (e, g), (e2, g2) = a, b
+    _same_numbers(_errors(e, g), compare(e, g))
+    _same_numbers(_errors([e, e2], [g, g2]), compare([e, e2], [g, g2]))  # a list: compare's aggregate
+    assert _errors(e, g, ulp=False, mean=False).max_abs == compare(e, g).max_abs
+
+
+@pytest.mark.parametrize(("dtype", "n", "threads"), [(torch.float32, 600_001, 2), (torch.float16, 70_001, 1)])
+def test_blame_statistics_sum_as_compare_does_across_chunks(dtype: torch.dtype, n: int, threads: int) -> None:
+    # compare() sums |e - g| chunk by chunk (float16 in pieces of its casts), a chunk holding a NaN/Inf in
+    # float64, over worker ranges merged in order: the mean is compare()'s only in that order
+    from pytest_ortdiff.blame import _errors
+
+    gen = torch.Generator().manual_seed(0)
+    e = torch.randn(n, generator=gen, dtype=torch.float64)
+    g = e + 1e-3 * torch.randn(n, generator=gen, dtype=torch.float64)
+    e, g = e.to(dtype), g.to(dtype)
+    g[n // 2] = float("nan")  # one chunk of the middle takes the exact path
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _same_numbers(_errors(e, g), compare(e, g))
+        _same_numbers(_errors(e[:-1], g[:-1]), compare(e[:-1], g[:-1]))
+        e2, g2 = e[:-1].reshape(-1, 1000).t(), g[:-1].reshape(-1, 1000).t()  # views, as a Transpose makes
+        _same_numbers(_errors(e2, g2), compare(e2, g2))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_local_outputs_are_onnxruntimes_own_node_by_node() -> None:
+    # one session for every node (no graph optimizations, Constant nodes decoded by onnx) gives each node
+    # the bits OrtKernel's one-node model gives it: what a swap substitutes and the skip decision rests on
+    import importlib
+
+    from pytest_ortdiff.runtimes.ort_kernel import OrtKernel
+
+    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    model, feeds, _ = _zoo("llama_decoder_layer")
+    ev = TorchEvaluator(model)
+    values = blame_module._torch_values(ev, model, feeds)
+    graph = blame_module._Graph(ev)
+    local = blame_module._local_outputs(model, graph, values, "CPU", ev.opsets)
+    assert set(local) == set(range(len(graph.nodes)))
+    assert any(n.op_type == "Constant" for n in graph.nodes)
+    for i, node in enumerate(graph.nodes):
+        alone = OrtKernel(node, graph.kernels[i].ctx, ev.opsets).run(*[values[x] if x else None for x in node.input])
+        for a, b in zip(local[i], alone, strict=False):
+            assert blame_module._same_bits(a, b.contiguous()), node.name
+
+
+def test_torch_values_are_the_runs_intermediates() -> None:
+    # blame streams the torch run's values through observe=; they are those of intermediates=True (the
+    # main graph's: blame never reads a body's values)
+    import importlib
+
+    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    model, feeds, _ = _zoo("llama_decoder_layer")
+    ev = TorchEvaluator(model)
+    streamed = blame_module._torch_values(ev, model, feeds)
+    kept = TorchEvaluator(model).run(None, feeds, intermediates=True)
+    assert set(streamed) == set(kept)
+    for name, value in kept.items():
+        assert blame_module._same_bits(streamed[name], value), name  # (bits and layout: what a skip rests on)
+
+
+def test_graph_notes_need_no_session_without_float16(monkeypatch: pytest.MonkeyPatch) -> None:
+    # onnxruntime inserts Casts only around float16 values: a float32 graph's table has no notes, and
+    # blame builds no session to look for them
+    import importlib
+
+    blame_module = importlib.import_module("pytest_ortdiff.blame")
+
+    def refuse(*args: Any, **kwargs: Any) -> list[str]:
+        raise AssertionError("ort_graph_notes was called for a float32 graph")
+
+    monkeypatch.setattr(blame_module, "ort_graph_notes", refuse)
+    model, feeds, kernels = _zoo("lnmm_planted")
+    table = blame(model, feeds, kernels=kernels)
+    assert not table.gap.is_exact and table.notes == []
