@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from typing import Any
 
 import numpy as np
 import onnx
@@ -711,3 +712,135 @@ def test_half_compute_override_matches_a_converted_node(dtype: str) -> None:
     want = torch.exp((torch.from_numpy(x).to(half) @ torch.from_numpy(w).to(half)).float())
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# -- faster runs: kernels called directly, shapes needing no guard, runs below autograd -------------------
+
+
+def _kernel(op: str, inputs: list[str], attrs: dict, opset: int = 20) -> Any:
+    from pytest_ortdiff.runtimes.kernels.base import KernelContext, lookup
+
+    cls = lookup("", op, opset)
+    assert cls is not None
+    return cls(oh.make_node(op, inputs, ["y"], **attrs), KernelContext(torch.device("cpu"), opset))
+
+
+def _i64(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+_X = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5) / 7 - 8
+_DIRECT_CASES = [  # (op, attrs, inputs, the positions a plan holds fixed)
+    ("Reshape", {}, [_X, _i64(6, -1)], {1}),
+    ("Reshape", {}, [_X, _i64(0, 3, 0, -1)], {1}),  # 0 copies the input's dim
+    ("Reshape", {"allowzero": 1}, [torch.zeros(0, 3), _i64(3, 0)], {1}),
+    ("Reshape", {}, [_X.transpose(1, 3), _i64(2, -1)], {1}),  # not viewable: a copy
+    ("Unsqueeze", {}, [_X, _i64(0, -1)], {1}),
+    ("Unsqueeze", {}, [_X, _i64(4, 1)], {1}),
+    ("Squeeze", {}, [_X[:, :1], _i64(1)], {1}),
+    ("Slice", {}, [_X, _i64(1), _i64(100), _i64(-1), _i64(1)], {1, 2, 3, 4}),
+    ("Slice", {}, [_X, _i64(-3), _i64(-1), _i64(2), _i64(1)], {1, 2, 3, 4}),
+    ("Slice", {}, [_X, _i64(3, 0), _i64(0, 2), _i64(3, 1), _i64(-2, 1)], {1, 2, 3, 4}),  # a negative step
+    ("Slice", {}, [_X, _i64(0, 1), _i64(1, 3)], {1, 2}),  # axes and steps omitted
+    ("Expand", {}, [_X[:, :1], _i64(3, 1, 1, 1, 1)], {1}),
+    ("Tile", {}, [_X, _i64(1, 2, 1, 2)], {1}),
+    ("ReduceMean", {"keepdims": 0}, [_X, _i64(-1, 1)], {1}),
+    ("ReduceSum", {}, [_X, _i64(2)], {1}),
+    ("Transpose", {"perm": [0, 2, 3, 1]}, [_X], set()),
+    ("Softmax", {"axis": 1}, [_X], set()),
+    ("Gelu", {"approximate": "tanh"}, [_X], set()),
+    ("Add", {}, [_X, _X[0]], {1}),  # a fixed input it does not build in: it takes both
+    ("MatMul", {}, [_X, _X.transpose(-1, -2)], set()),
+    ("Sqrt", {}, [_X.abs()], set()),
+    ("Gemm", {}, [_X[0, 0], _X[1, 1].T], {1}),  # no C: torch.mm
+    ("Gemm", {}, [_X[0, 0], _X[1, 1].T, _X[0, 1, 0, :4]], {1, 2}),  # C, beta = alpha = 1: torch.addmm
+    ("Gemm", {}, [_X[0, 0].long(), _X[1, 1].T.long(), _X[0, 1, 0, :4].long()], {2}),  # integers too
+    ("Where", {}, [_X > 0, _X, torch.tensor(-1.0)], {0, 2}),
+    ("LayerNormalization", {"epsilon": 1e-3}, [_X, _X[0, 0, 0] / 9, _X[1, 1, 1] / 9], {1, 2}),
+    ("LayerNormalization", {"axis": 2}, [_X, _X[0, 0] / 9], {1}),
+]
+
+
+@pytest.mark.parametrize(("op", "attrs", "inputs", "fixed"), _DIRECT_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(_DIRECT_CASES)])
+def test_a_kernels_direct_call_is_its_run(op: str, attrs: dict, inputs: list[torch.Tensor], fixed: set[int]) -> None:
+    """`direct(static)` returns `run(...)[0]` bit for bit, with its strides (a later reduction's order
+    follows them): what the evaluator calls instead of `run`, built for the inputs a plan holds fixed."""
+    k = _kernel(op, [f"i{j}" for j in range(len(inputs))], attrs)
+    (want,) = k.run(*inputs)
+    fn = k.direct({j: inputs[j] for j in fixed})
+    args = [x for j, x in enumerate(inputs) if j not in fixed]
+    if fn is None:  # builds none of them in: then it takes every input
+        fn, args = k.direct({}), inputs
+    got = fn(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got, want)
+
+
+def test_a_direct_call_that_raises_falls_back_to_run() -> None:
+    """uint32 Add: torch.add refuses uint32, the evaluator's direct call raises, the kernel's run (int64
+    arithmetic) answers, as numpy's wrapping uint32 add does."""
+    a, b = np.array([1, 2**32 - 1, 7], np.uint32), np.array([2, 3, 2**31], np.uint32)
+    model = make_model([oh.make_node("Add", ["a", "b"], ["y"])], [vi("a", TP.UINT32, [3]), vi("b", TP.UINT32, [3])], [vi("y", TP.UINT32, [3])])
+    (y,) = TorchEvaluator(model).run(None, {"a": a, "b": b})
+    assert y.dtype == torch.uint32 and y.to(torch.int64).tolist() == (a + b).tolist()
+
+
+def test_direct_and_shape_specialised_runs_equal_the_kernels_own_runs(dynamo_dynamic: onnx.ModelProto) -> None:
+    """A run with `observe=` calls every kernel's own `run` on the plain plan; a plain run calls their
+    direct callables on the shape-specialised plan: the same bits."""
+    ev = TorchEvaluator(dynamo_dynamic)
+    name = dynamo_dynamic.graph.input[0].name
+    for shape in [(2, 5), (3, 9), (2, 5)]:
+        feeds = {name: torch.randint(0, 50, shape, generator=torch.Generator().manual_seed(shape[1]))}
+        (fast,) = ev.run(None, feeds)
+        (slow,) = ev.run(None, feeds, observe=lambda node, outs: None)
+        assert torch.equal(fast, slow)
+
+
+def test_a_shape_of_a_computed_value_needs_no_guard() -> None:
+    """Shape(MatMul(X, W)) (TorchScript's exports read shapes of intermediates): a MatMul's shape follows
+    from its inputs' shapes, so the Shape folds without a guard; NonZero's output keeps one."""
+    w = oh.make_tensor("W", TP.FLOAT, [3, 4], np.linspace(-1, 1, 12, dtype=np.float32))
+    nodes = [
+        oh.make_node("MatMul", ["X", "W"], ["h"]),
+        oh.make_node("Shape", ["h"], ["s"]),
+        oh.make_node("Reshape", ["h", "s"], ["Y"]),
+        oh.make_node("NonZero", ["X"], ["nz"]),
+        oh.make_node("Shape", ["nz"], ["Z"]),
+    ]
+    graph = oh.make_graph(nodes, "g", [vi("X", TP.FLOAT, ["n", 3])], [vi("Y", TP.FLOAT, ["n", 4]), vi("Z", TP.INT64, [2])], [w])
+    ev = TorchEvaluator(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9))
+    assert [ev.nodes[i].input[0] for i in sorted(ev._guarded_sources)] == ["nz"]
+    for x in (torch.tensor([[1.0, 0.0, 2.0]]), torch.tensor([[1.0, 3.0, 2.0]]), torch.zeros(2, 3)):
+        y, z = ev.run(None, {"X": x})
+        assert torch.equal(y, x @ torch.from_numpy(onnx.numpy_helper.to_array(w))) and z.tolist() == [2, int((x != 0).sum())]
+
+
+def test_runs_below_autograd_give_ordinary_tensors_and_gradients_still_flow() -> None:
+    """A run dispatches below torch's autograd layers: its outputs are ordinary tensors (not inference
+    tensors), usable in autograd and in place; a feed that requires grad keeps the graph (dY/dX of
+    Y = X @ W is W's row sums)."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    model = make_model([oh.make_node("MatMul", ["X", "W"], ["Y"])], [vi("X", TP.FLOAT, [1, 2]), vi("W", TP.FLOAT, [2, 3])], [vi("Y", TP.FLOAT, [1, 3])])
+    ev = TorchEvaluator(model)
+    (y,) = ev.run(None, {"X": torch.ones(1, 2), "W": w})
+    assert not torch.is_inference(y) and not y.requires_grad
+    scale = torch.tensor(2.0, requires_grad=True)
+    (y * scale).sum().backward()
+    assert scale.grad is not None and scale.grad.item() == float(w.sum())
+    y.add_(1)  # in place, outside any mode
+    x = torch.ones(1, 2, requires_grad=True)
+    (y2,) = ev.run(None, {"X": x, "W": w})
+    y2.sum().backward()
+    assert x.grad is not None and x.grad.tolist() == [w.sum(axis=1).tolist()]
+
+
+def test_gather_on_axis_0_wraps_negative_indices() -> None:
+    """Gather's axis-0 path (one indexing op): negative and int32 indices, against numpy's take."""
+    data = np.arange(24, dtype=np.float32).reshape(6, 4)
+    idx = np.array([[0, -1], [5, -6]], dtype=np.int32)
+    model = make_model([oh.make_node("Gather", ["d", "i"], ["y"], axis=0)], [vi("d", TP.FLOAT, [6, 4]), vi("i", TP.INT32, [2, 2])], [vi("y", TP.FLOAT, [2, 2, 4])])
+    (y,) = TorchEvaluator(model).run(None, {"d": data, "i": idx})
+    np.testing.assert_array_equal(y.numpy(), np.take(data, idx, axis=0))
+    with pytest.raises(RuntimeError, match=r"out of bounds|out of range"):
+        TorchEvaluator(model).run(None, {"d": data, "i": np.array([[6, 0], [0, 0]], dtype=np.int32)})

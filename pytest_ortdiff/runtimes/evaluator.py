@@ -6,6 +6,7 @@ predicate (inside If/Loop/Scan bodies too); `compute_dtype=torch.float64` turns 
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,11 @@ Observer = Callable[[onnx.NodeProto, Mapping[str, Any]], None]
 _COMPUTE_IN = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _KEY_HELP = 'keys: an op type ("", "LayerNormalization"), a node name, or a predicate f(node) -> bool; values: "torch", "ort", "float64", "float32", "float16", "bfloat16" or a callable f(*inputs)'
 _GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+# Every torch op passes through autograd's dispatch layers (Autograd, ADInplaceOrView) even when nothing
+# needs a gradient: about a sixth of a small op's time. A run no gradient can flow through dispatches below
+# them (the tensors it makes are ordinary tensors, unlike inference_mode's). torch's private guard, looked
+# up once: without it runs go through autograd as before.
+_BELOW_AUTOGRAD: Callable[[], contextlib.AbstractContextManager[Any]] | None = getattr(torch._C, "_AutoDispatchBelowADInplaceOrView", None)
 
 
 class MissingKernelError(NotImplementedError):
@@ -104,46 +110,76 @@ def _cast_back(x: Any, dt: torch.dtype | None) -> Any:
 # argument list built per node); nodes with more inputs go through an itemgetter, and the rare ones
 # with an omitted optional input (or none at all) through the general path. _COLLECT is a node with a
 # subgraph in a run that keeps every value: its kernel also gets the values, to put its body's in.
-_GENERAL, _UNARY, _BINARY, _MANY, _COLLECT = 0, 1, 2, 3, 4
+# _UNARY1 and _BINARY1 call a kernel's `direct` callable (often a bare torch function), which returns the
+# output itself: no kernel frame, no tuple.
+_GENERAL, _UNARY, _BINARY, _MANY, _COLLECT, _UNARY1, _BINARY1 = 0, 1, 2, 3, 4, 5, 6
 _NO_TORCH_DTYPE: Any = object()  # a declared input type DType does not know
 
 
 class _Step(NamedTuple):
-    """One node of a run's plan, with everything the hot loop needs resolved once."""
+    """One node of a run's plan, with everything the hot loop needs resolved once. Plans hold them as
+    plain tuples (`tuple(step)`): the interpreter unpacks an exact tuple without iterating it; `_Step._make`
+    names the fields again where speed does not matter."""
 
-    run: Callable[..., Any]  # the kernel's bound run
-    arity: int  # _UNARY, _BINARY, _MANY, _GENERAL or _COLLECT
-    a: str | None  # first input (_UNARY, _BINARY)
-    b: str | None  # second input (_BINARY)
-    get: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None  # all inputs (_MANY)
+    run: Callable[..., Any]  # the kernel's bound run, or its direct() callable (_UNARY1, _BINARY1)
+    arity: int  # _UNARY, _BINARY, _MANY, _GENERAL, _COLLECT, _UNARY1 or _BINARY1
+    a: str | None  # first argument (_UNARY, _BINARY, _UNARY1, _BINARY1)
+    b: str | None  # second argument (_BINARY, _BINARY1)
+    get: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None  # all arguments (_MANY)
     out: str | None  # the output when the node has exactly one
     outputs: tuple[str, ...]
     free1: str | None  # the one value whose last use is this node
     free: tuple[str, ...]  # the values whose last use is this node, when there are several
+    args: tuple[str, ...]  # the values `run` takes: the inputs, less those a direct() callable built in
     kernel: Kernel
-    inputs: tuple[str, ...]
+    inputs: tuple[str, ...]  # the node's inputs (then the outer values its subgraphs read)
 
 
-def _step(k: Kernel, ins: tuple[str, ...], outs: tuple[str, ...], free: tuple[str, ...], collect: bool) -> _Step:
+_Plan = tuple[tuple[Any, ...], ...]  # _Steps as plain tuples
+
+
+def _step(k: Kernel, run: Callable[..., Any], args: tuple[str, ...], outs: tuple[str, ...], free: tuple[str, ...], collect: bool, ins: tuple[str, ...], direct: bool = False) -> _Step:
     if collect:
         arity = _COLLECT
-    elif ins and all(ins):
-        arity = _UNARY if len(ins) == 1 else _BINARY if len(ins) == 2 else _MANY
+    elif args and all(args):
+        arity = _UNARY if len(args) == 1 else _BINARY if len(args) == 2 else _MANY
+        if direct:
+            arity = _UNARY1 if arity == _UNARY else _BINARY1
     else:
         arity = _GENERAL
     return _Step(
-        run=k.run_collecting if collect else k.run,  # type: ignore[attr-defined]
+        run=run,
         arity=arity,
-        a=ins[0] if arity in (_UNARY, _BINARY) else None,
-        b=ins[1] if arity == _BINARY else None,
-        get=itemgetter(*ins) if arity == _MANY else None,
+        a=args[0] if arity in (_UNARY, _BINARY, _UNARY1, _BINARY1) else None,
+        b=args[1] if arity in (_BINARY, _BINARY1) else None,
+        get=itemgetter(*args) if arity == _MANY else None,
         out=outs[0] if len(outs) == 1 else None,
         outputs=outs,
         free1=free[0] if len(free) == 1 else None,
         free=free if len(free) > 1 else (),
+        args=args,
         kernel=k,
         inputs=ins,
     )
+
+
+def _direct(k: Kernel, node: onnx.NodeProto, ins: tuple[str, ...], static: Mapping[str, Any]) -> tuple[Callable[..., Any], tuple[str, ...]] | None:
+    """The kernel's `direct` callable and the inputs it takes: built for its inputs whose values `static`
+    holds (omitted ones: None) if it can, else taking every input; None when it has none, or the node
+    has more than one output, or the callable would take no input or more than two."""
+    if len(node.output) != 1 or type(k).direct is Kernel.direct:
+        return None
+    consts = {j: static[x] if x else None for j, x in enumerate(ins) if not x or x in static}
+    args = tuple(x for j, x in enumerate(ins) if j not in consts)
+    if consts and len(args) in (1, 2):
+        fn = k.direct(consts)
+        if fn is not None:
+            return fn, args
+    if len(ins) in (1, 2) and all(ins):
+        fn = k.direct({})
+        if fn is not None:
+            return fn, ins
+    return None
 
 
 def _build_plan(
@@ -153,38 +189,54 @@ def _build_plan(
     outputs: Sequence[str],
     keep_all: bool,
     *,
+    static: Mapping[str, Any] | None = None,
     folded: Collection[int] = (),
     guards: Mapping[int, Callable[..., Any]] | None = None,
     keep: Collection[str] = (),
-) -> tuple[_Step, ...]:
+) -> _Plan:
     """The steps computing `outputs`: only the nodes they depend on, in graph order, each freeing the
     values it is the last to read (nothing with `keep_all`, whose nodes with a subgraph collect theirs;
     nor any of `keep`).
 
+    `static`: values that are the same in every run of the plan (initializers; a shape-specialised plan's
+    folded values), which a kernel's `direct` callable may build in (`Kernel.direct`).
     A shape-specialised plan leaves out the `folded` nodes (their values are put in before it runs), but for
     those in `guards`: there the guard runs instead of the kernel, on the node's first input."""
     guards = guards or {}
+    static = static or {}
     order = [i for i in _needed(nodes, step_inputs, outputs) if i not in folded or i in guards]
-    reads = {i: (step_inputs[i][0],) if i in guards else step_inputs[i] for i in order}
+    runs: dict[int, tuple[Callable[..., Any], tuple[str, ...]]] = {}
+    direct: set[int] = set()
+    for i in order:
+        k = kernels[i]
+        assert k is not None  # a missing kernel raised MissingKernelError before any plan
+        ins = step_inputs[i]
+        if i in guards:
+            runs[i] = (guards[i], ins[:1])
+        elif keep_all and hasattr(k, "run_collecting"):
+            runs[i] = (k.run_collecting, ins)
+        elif (fast := _direct(k, nodes[i], ins, static)) is not None:
+            runs[i] = fast
+            direct.add(i)
+        else:
+            runs[i] = (k.run, ins)
     last_use: dict[str, int] = {}
     for i in order:
-        for x in reads[i]:
+        for x in runs[i][1]:
             if x:
                 last_use[x] = i
     kept = set(outputs) | set(keep)
     steps = []
     for i in order:
         k = kernels[i]
-        assert k is not None  # a missing kernel raised MissingKernelError before any plan
-        ins = reads[i]
+        assert k is not None
+        run, args = runs[i]
         free: tuple[str, ...] = ()
         if not keep_all:
-            free = tuple(sorted({x for x in ins if x and last_use.get(x) == i and x not in kept}))
-        if i in guards:
-            steps.append(_step(k, ins, (), free, False)._replace(run=guards[i]))
-            continue
-        collect = keep_all and hasattr(k, "run_collecting")
-        steps.append(_step(k, ins, tuple(nodes[i].output), free, collect))
+            free = tuple(sorted({x for x in args if x and last_use.get(x) == i and x not in kept}))
+        outs = () if i in guards else tuple(nodes[i].output)
+        collect = i not in guards and keep_all and hasattr(k, "run_collecting")
+        steps.append(tuple(_step(k, run, args, outs, free, collect, step_inputs[i], i in direct)))
     return tuple(steps)
 
 
@@ -212,28 +264,41 @@ class _NodeFailed(RuntimeError):
     """A kernel raised: names the node, its op and its inputs (the kernel's exception is the cause)."""
 
 
-def _execute(plan: tuple[_Step, ...], values: dict[Any, Any]) -> None:
+def _execute(plan: _Plan, values: dict[Any, Any]) -> None:
     """Runs `plan` on `values` (which it fills with the outputs and empties of the freed values)."""
     # The hot loop: everything per node was resolved into its _Step by _build_plan. No per-node
     # bookkeeping for errors either: `step` is still the failing node when the except runs.
-    step: _Step | None = None
+    step: tuple[Any, ...] | None = None
     try:
         for step in plan:
-            run, arity, a, b, get, out, outs, free1, free, _, _ = step
-            if arity == _BINARY:
-                res = run(values[a], values[b])
-            elif arity == _UNARY:
-                res = run(values[a])
-            elif arity == _MANY:
-                res = run(*get(values))  # type: ignore[misc]
-            elif arity == _GENERAL:
-                res = run(*[values[x] if x else None for x in step.inputs])
-            else:  # _COLLECT
-                res = run(values, *[values[x] if x else None for x in step.inputs])
-            if out is not None:
-                values[out] = res[0]
+            run, arity, a, b, get, out, outs, free1, free, args, k, ins = step
+            # (no local names for the inputs: they would keep a freed value alive past its last use)
+            if arity == _BINARY1:
+                try:
+                    values[out] = run(values[a], values[b])
+                except Exception:  # the kernel's own run decides: its fallback (uint32 arithmetic), or its error
+                    values[out] = k.run(*[values[x] if x else None for x in ins])[0]
+            elif arity == _UNARY1:
+                try:
+                    values[out] = run(values[a])
+                except Exception:
+                    values[out] = k.run(*[values[x] if x else None for x in ins])[0]
             else:
-                values.update(zip(outs, res, strict=False))
+                if arity == _BINARY:
+                    res = run(values[a], values[b])
+                elif arity == _UNARY:
+                    res = run(values[a])
+                elif arity == _MANY:
+                    res = run(*get(values))
+                elif arity == _GENERAL:
+                    res = run(*[values[x] if x else None for x in args])
+                else:  # _COLLECT
+                    res = run(values, *[values[x] if x else None for x in args])
+                if out is not None:
+                    values[out] = res[0]
+                else:
+                    values.update(zip(outs, res, strict=False))
+                res = None  # nor would the outputs' tuple, past the next step
             if free1 is not None:
                 del values[free1]
             elif free:
@@ -242,17 +307,22 @@ def _execute(plan: tuple[_Step, ...], values: dict[Any, Any]) -> None:
     except Exception as exc:
         if step is None or isinstance(exc, _ShapeChanged):  # an empty plan fails nowhere; a guard is no node
             raise
-        raise _failure(step, values, exc) from (exc.__cause__ if isinstance(exc, _NodeFailed) else exc)
+        raise _failure(_Step._make(step), values, exc) from (exc.__cause__ if isinstance(exc, _NodeFailed) else exc)
 
 
-def _execute_observed(plan: tuple[_Step, ...], values: dict[Any, Any], keep: Collection[str], observe: Observer) -> None:
+def _execute_observed(plan: _Plan, values: dict[Any, Any], keep: Collection[str], observe: Observer, below_autograd: bool) -> None:
     """`_execute` calling `observe(node, outputs)` after each node, then freeing what no later node reads
-    (outputs nobody reads included): memory stays at the live values, whatever `observe` looks at."""
-    read = {x for step in plan for x in step.inputs if x} | set(keep)
+    (outputs nobody reads included): memory stays at the live values, whatever `observe` looks at. The
+    kernels run below autograd when `below_autograd`, `observe` never does (it may use autograd)."""
+    steps = [_Step._make(step) for step in plan]
+    read = {x for step in steps for x in step.args if x} | set(keep)
     step: _Step | None = None
     try:
-        for step in plan:
-            res = step.run(*[values[x] if x else None for x in step.inputs])
+        for step in steps:
+            names = step.inputs if step.arity in (_UNARY1, _BINARY1) else step.args
+            run = step.kernel.run if step.arity in (_UNARY1, _BINARY1) else step.run  # the tuple-returning run
+            with _BELOW_AUTOGRAD() if below_autograd else contextlib.nullcontext():  # type: ignore[misc]
+                res = run(*[values[x] if x else None for x in names])
             outs = dict(zip(step.outputs, res, strict=False))
             outs.pop("", None)
             values.update(outs)
@@ -308,13 +378,14 @@ class Subgraph:
         used = [x for ins in step_inputs for x in ins if x] + list(self.outputs)
         #: the values of enclosing graphs it reads, in a fixed order
         self.outer_inputs = tuple(dict.fromkeys(x for x in used if x not in defined))
-        self._plan: tuple[_Step, ...] = ()
-        self._plan_all: tuple[_Step, ...] = ()
+        self._plan: _Plan = ()
+        self._plan_all: _Plan = ()
 
     def prepare(self) -> None:
         """Builds the plans, once every kernel (of this graph and the graphs around it) exists."""
-        self._plan = _build_plan(self.nodes, self.kernels, self._step_inputs, self.outputs, keep_all=False)
-        self._plan_all = _build_plan(self.nodes, self.kernels, self._step_inputs, self.outputs, keep_all=True)
+        init = self._initializers
+        self._plan = _build_plan(self.nodes, self.kernels, self._step_inputs, self.outputs, keep_all=False, static=init)
+        self._plan_all = _build_plan(self.nodes, self.kernels, self._step_inputs, self.outputs, keep_all=True, static=init)
 
     def scope(self, outer: Mapping[str, Any]) -> dict[str, Any]:
         values = {name: outer[name] for name in self.outer_inputs}
@@ -339,6 +410,30 @@ class Subgraph:
 # Ops that never fold, whatever their inputs: their values are draws, not functions of their inputs.
 _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial", "Dropout"})
 _SHAPE_SOURCES = frozenset({"Shape", "Size"})  # they read their input's shape, never its values
+# Ops whose outputs' shapes follow from their inputs' shapes and attributes, and from the values of the
+# inputs at these positions only (a Reshape's target, a Slice's bounds): a Shape of such a value, when those
+# inputs are fixed by the feeds' shapes too, needs no guard. An op not listed keeps its Shapes guarded
+# (NonZero, Unique, Compress, TopK, Loop, ...: shapes that can follow data).
+_SHAPE_ONLY = dict.fromkeys(
+    (
+        "Abs", "Acos", "Acosh", "Add", "And", "ArgMax", "ArgMin", "Asin", "Asinh", "Atan", "Atanh", "BitShift", "Cast",
+        "CastLike", "Ceil", "Celu", "Clip", "Concat", "Cos", "Cosh", "CumSum", "Div", "Einsum", "Elu", "Equal", "Erf",
+        "Exp", "Flatten", "Floor", "Gather", "GatherElements", "Gelu", "Gemm", "Greater", "GreaterOrEqual", "Hardmax",
+        "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual",
+        "Log", "LogSoftmax", "MatMul", "Max", "Mean", "Min", "Mish", "Mod", "Mul", "Neg", "Not", "Or", "Pow", "PRelu",
+        "Reciprocal", "Relu", "RMSNormalization", "Round", "Selu", "Shape", "Shrink", "Sigmoid", "Sign", "Sin", "Sinh",
+        "Size", "Softmax", "Softplus", "Softsign", "Sqrt", "Sub", "Sum", "Swish", "Tan", "Tanh", "ThresholdedRelu",
+        "Transpose", "Trilu", "Where", "Xor",
+    ),
+    (),
+) | {
+    "Reshape": (1,), "Expand": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Split": (1,), "Tile": (1,),
+    "Slice": (1, 2, 3, 4), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    **dict.fromkeys(
+        ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare"),
+        (1,),
+    ),
+}
 _MAX_SIGNATURES = 8  # shape-specialised plans kept per output set (the least recently used goes first)
 _UNFOLDABLE: Any = object()  # a signature whose run is the plain plan's
 
@@ -353,7 +448,7 @@ class _ShapePlans:
     comparing its input's shape with the recorded one (a shape may depend on data: NonZero), and a run whose
     guard fails is rerun by the plain plan, as every later run with that signature."""
 
-    def __init__(self, ev: TorchEvaluator, outputs: tuple[str, ...], keep_all: bool, plain: tuple[_Step, ...]) -> None:
+    def __init__(self, ev: TorchEvaluator, outputs: tuple[str, ...], keep_all: bool, plain: _Plan) -> None:
         self.ev, self.outputs, self.keep_all, self.plain = ev, outputs, keep_all, plain
         nodes = ev.nodes
         needed = _needed(nodes, ev._inputs, outputs)
@@ -400,14 +495,17 @@ class _ShapePlans:
 
         # the plain plan, but keeping the values to cache, its guarded Shape/Size recording their input's shape
         recorders = {id(ev._kernels[i]): recording(i, ev._kernels[i].run) for i in self.sources}
-        plan = _build_plan(ev.nodes, ev._kernels, ev._inputs, self.outputs, self.keep_all, keep=self.cached_names)
-        _execute(tuple(st._replace(run=recorders[id(st.kernel)]) if id(st.kernel) in recorders else st for st in plan), values)
+        plan = _build_plan(ev.nodes, ev._kernels, ev._inputs, self.outputs, self.keep_all, static=ev._initializers, keep=self.cached_names)
+        steps = [_Step._make(st) for st in plan]
+        _execute(tuple(tuple(st._replace(run=recorders[id(st.kernel)])) if id(st.kernel) in recorders else tuple(st) for st in steps), values)
         cached = {n: values[n] for n in self.cached_names}
         if any(not isinstance(v, torch.Tensor) for v in cached.values()) or any(v is None for v in shapes.values()):
             entry: Any = _UNFOLDABLE  # sequences and optionals may be built on in place: never shared
         else:
             guards = {i: _guard(shapes[i]) for i in self.sources if i in shapes}
-            entry = (_build_plan(ev.nodes, ev._kernels, ev._inputs, self.outputs, self.keep_all, folded=self.folded, guards=guards), cached)
+            static = {**ev._initializers, **cached}  # this signature's plan builds its folded values in
+            plan = _build_plan(ev.nodes, ev._kernels, ev._inputs, self.outputs, self.keep_all, static=static, folded=self.folded, guards=guards)
+            entry = (plan, cached)
         self.by_signature[signature] = entry
         if len(self.by_signature) > _MAX_SIGNATURES:
             self.by_signature.popitem(last=False)
@@ -542,12 +640,14 @@ class TorchEvaluator:
         self.ops_run_by_ort: tuple[str, ...] = tuple(sorted(self._by_ort))
         for sg in self._subgraphs:
             sg.prepare()
-        self._plans: dict[tuple[tuple[str, ...], bool], tuple[_Step, ...]] = {}
+        self._plans: dict[tuple[tuple[str, ...], bool], _Plan] = {}
         self._foldable, self._guarded_sources = self._fold_analysis()
         #: feed names in a fixed order, for the shape signature; None when some input is a sequence or an
         #: optional (no shape to key on): every run is then the plain plan's
         self._signature_names: tuple[str, ...] | None = None if self._input_kinds else tuple(self.input_types)
         self._shaped: dict[tuple[tuple[str, ...], bool], _ShapePlans | None] = {}
+        # a user's kernel may use autograd itself: runs calling one keep torch's autograd layers
+        self._below_autograd = _BELOW_AUTOGRAD is not None and not any(isinstance(k, _CallableKernel) for _, k, _ in self._records)
 
     # -- construction ------------------------------------------------------------------------
     def _context(self, domain: str, inherited: str | None = None) -> EvaluatorContext:
@@ -697,9 +797,12 @@ class TorchEvaluator:
         """The main graph's nodes whose values depend only on the feeds' shapes, initializers and constants
         (Shape and Size read only shapes), and among them the Shape/Size nodes whose input's shape is not
         fixed by the feeds' shapes alone (they keep a guard). A node with an override, a subgraph, a kernel
-        not from the registry (onnxruntime's) or a random draw never folds, nor does a non-default domain."""
+        not from the registry (onnxruntime's) or a random draw never folds, nor does a non-default domain.
+
+        A value's shape is fixed by the feeds' shapes when it is a feed, folds, or comes from an op of
+        `_SHAPE_ONLY` whose inputs' shapes are, and whose inputs that shape it by their values fold."""
         static = set(self._initializers)
-        feeds = set(self.input_types)
+        shaped = set(self.input_types) | static  # values whose shapes the feeds' shapes fix
         foldable: set[int] = set()
         guarded: set[int] = set()
         for i, (node, k, ins) in enumerate(zip(self.nodes, self._kernels, self._inputs, strict=True)):
@@ -712,16 +815,20 @@ class TorchEvaluator:
                 or type(k) is not lookup(domain, node.op_type, self.opsets.get(domain, 1))
             ):
                 continue
+            by_values = _SHAPE_ONLY.get(node.op_type)
+            if by_values is not None and all(x in shaped for x in ins if x) and all(ins[j] in static for j in by_values if j < len(ins) and ins[j]):
+                shaped.update(o for o in node.output if o)
             if node.op_type in _SHAPE_SOURCES and len(ins) == 1 and ins[0]:
-                if ins[0] not in feeds and ins[0] not in static:
+                if ins[0] not in shaped:
                     guarded.add(i)
             elif not all(x in static for x in ins if x):
                 continue
             foldable.add(i)
             static.update(o for o in node.output if o)
+            shaped.update(o for o in node.output if o)
         return frozenset(foldable), frozenset(guarded)
 
-    def _shape_plans(self, key: tuple[tuple[str, ...], bool], plain: tuple[_Step, ...]) -> _ShapePlans | None:
+    def _shape_plans(self, key: tuple[tuple[str, ...], bool], plain: _Plan) -> _ShapePlans | None:
         shaped = _ShapePlans(self, key[0], key[1], plain) if self._foldable and self._signature_names is not None else None
         if shaped is not None and not shaped.folded:
             shaped = None
@@ -729,7 +836,7 @@ class TorchEvaluator:
         return shaped
 
     # -- running -----------------------------------------------------------------------------
-    def _plan(self, outputs: tuple[str, ...], keep_all: bool) -> tuple[_Step, ...]:
+    def _plan(self, outputs: tuple[str, ...], keep_all: bool) -> _Plan:
         key = (outputs, keep_all)
         plan = self._plans.get(key)
         if plan is not None:
@@ -739,7 +846,7 @@ class TorchEvaluator:
         for name in outputs:
             if name not in produced and name not in known:
                 raise KeyError(f"{name!r} is not a value of this graph; outputs: {self.output_names}")
-        self._plans[key] = plan = _build_plan(self.nodes, self._kernels, self._inputs, outputs, keep_all)
+        self._plans[key] = plan = _build_plan(self.nodes, self._kernels, self._inputs, outputs, keep_all, static=self._initializers)
         return plan
 
     def _prepare_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -814,22 +921,25 @@ class TorchEvaluator:
         prepared = self._prepare_feeds(feeds)
         values: dict[str, Any] = dict(self._initializers)
         values.update(prepared)
+        # below autograd unless a gradient could flow (a feed that requires one)
+        fast = self._below_autograd and not any(isinstance(v, torch.Tensor) and v.requires_grad for v in prepared.values())
         if observe is not None:
             if intermediates:
                 raise ValueError("run(..., intermediates=True, observe=f): pick one; observe streams the intermediates, intermediates=True keeps them all")
             try:
-                _execute_observed(plan, values, outputs, observe)
+                _execute_observed(plan, values, outputs, observe, fast)
             except _NodeFailed as exc:
                 raise RuntimeError(str(exc)) from exc.__cause__
             return [values[o] for o in outputs]
         shaped = self._shaped[key] if key in self._shaped else self._shape_plans(key, plan)
         try:
-            if shaped is None:
-                _execute(plan, values)
-            elif not shaped.run(values, tuple([prepared[n].shape for n in self._signature_names])):  # type: ignore[union-attr]
-                values = dict(self._initializers)  # a guard failed: this signature's shapes depend on data
-                values.update(prepared)
-                _execute(plan, values)
+            with _BELOW_AUTOGRAD() if fast else contextlib.nullcontext():  # type: ignore[misc]
+                if shaped is None:
+                    _execute(plan, values)
+                elif not shaped.run(values, tuple([prepared[n].shape for n in self._signature_names])):  # type: ignore[union-attr]
+                    values = dict(self._initializers)  # a guard failed: this signature's shapes depend on data
+                    values.update(prepared)
+                    _execute(plan, values)
         except _NodeFailed as exc:  # a plain RuntimeError naming the node, the kernel's error its cause
             raise RuntimeError(str(exc)) from exc.__cause__
         values.pop("", None)  # omitted optional outputs

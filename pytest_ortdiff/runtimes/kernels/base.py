@@ -81,6 +81,18 @@ class Kernel:
         def run(self, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
             raise NotImplementedError
 
+    def direct(self, static: dict[int, Any]) -> Callable[..., Any] | None:
+        """For a kernel with one output, a faster way to its `run`: a callable returning the output itself
+        (no tuple; at best a torch function or method, called without a Python frame). `static` maps the
+        positions of inputs that are the same in every run of a plan (initializers; the shape arithmetic a
+        shape-specialised plan folded) to their values (None: omitted); the callable takes the other
+        inputs in order, those built in once (a target shape, axes read into Python). The evaluator asks
+        with `static` empty when it gets None for the fixed inputs: then it takes every input.
+
+        Whenever the callable returns, it returns `run(*inputs)[0]` bit for bit; when it raises, the
+        evaluator calls `run`, whose fallbacks or error decide. None (the default): `run` runs."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.domain or 'ai.onnx'}::{self.op_type}, since={self.since})"
 

@@ -5,6 +5,7 @@ an input, ArgMax and ArgMin. A reduction over an empty set gives its identity (-
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import onnx
 import torch
@@ -130,6 +131,15 @@ class _ReduceInput(Kernel):
                 return (x,)
             dims = tuple(range(x.dim()))
         return (type(self).reducer(x, dims, self.keepdims),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        if set(static) != {1} or static[1] is None:
+            return None
+        dims = tuple(static[1].tolist())
+        if not dims:
+            return None  # all axes (of the input's rank) or none: run decides
+        reducer, keepdims = type(self).reducer, self.keepdims
+        return lambda x: reducer(x, dims, keepdims)
 
 
 def _reduce_pair(

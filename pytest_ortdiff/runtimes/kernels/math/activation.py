@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 import onnx
 import torch
 import torch.nn.functional as F
@@ -124,6 +128,9 @@ class Gelu(Kernel):
 
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (F.gelu(x, approximate=self.approximate),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else partial(F.gelu, approximate=self.approximate)
 
 
 @kernel("Swish", since=24)

@@ -5,6 +5,7 @@ exponentials, rounding, trigonometry, the variadic Max/Min/Sum/Mean, Mod, Clip, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import onnx
 import torch
@@ -22,7 +23,10 @@ def _unary(
     def run(self: Kernel, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (fn(x),)
 
-    cls = type(op_type, (Kernel,), {"run": run, "__doc__": doc or None, "__module__": __name__})
+    def direct(self: Kernel, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else fn
+
+    cls = type(op_type, (Kernel,), {"run": run, "direct": direct, "__doc__": doc or None, "__module__": __name__})
     return kernel(op_type, since=since)(cls)
 Floor = _unary("Floor", 1, torch.floor)
 Ceil = _unary("Ceil", 1, torch.ceil)
@@ -168,6 +172,9 @@ def run_unsigned(
 
 @kernel("Add", since=7)
 class Add(Kernel):
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.add  # raises on uint16/32/64, then run computes them
+
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
         try:
             return (torch.add(a, b),)
@@ -177,6 +184,9 @@ class Add(Kernel):
 
 @kernel("Sub", since=7)
 class Sub(Kernel):
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.sub  # raises on uint16/32/64, then run computes them
+
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
         try:
             return (torch.sub(a, b),)
@@ -186,6 +196,9 @@ class Sub(Kernel):
 
 @kernel("Mul", since=7)
 class Mul(Kernel):
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.mul  # raises on uint16/32/64, then run computes them
+
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
         try:
             return (torch.mul(a, b),)
@@ -225,11 +238,17 @@ class Sqrt(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.sqrt(x),)
 
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.sqrt
+
 
 @kernel("Reciprocal", since=1)
 class Reciprocal(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.reciprocal(x),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.reciprocal
 
 
 @kernel("Neg", since=1)
@@ -237,11 +256,17 @@ class Neg(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.neg(x),)
 
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.neg
+
 
 @kernel("Exp", since=1)
 class Exp(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.exp(x),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.exp
 
 
 @kernel("Log", since=1)
@@ -249,11 +274,17 @@ class Log(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.log(x),)
 
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.log
+
 
 @kernel("Tanh", since=1)
 class Tanh(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.tanh(x),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.tanh
 
 
 @kernel("Erf", since=9)
@@ -261,11 +292,17 @@ class Erf(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.erf(x),)
 
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.erf
+
 
 @kernel("Sigmoid", since=1)
 class Sigmoid(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.sigmoid(x),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.sigmoid
 
 
 @kernel("Relu", since=1)
@@ -273,11 +310,17 @@ class Relu(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.relu(x),)
 
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.relu
+
 
 @kernel("Abs", since=1)
 class Abs(Kernel):
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.abs(x),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.abs
 
 
 @kernel("Expand", since=8)
@@ -286,6 +329,12 @@ class Expand(Kernel):
 
     def run(self, x: torch.Tensor, shape: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (x.expand(_broadcast(tuple(x.shape), tuple(shape.tolist()))),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        if set(static) != {1} or static[1] is None:
+            return None
+        target = tuple(static[1].tolist())
+        return lambda x: x.expand(_broadcast(tuple(x.shape), target))
 
 
 def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:

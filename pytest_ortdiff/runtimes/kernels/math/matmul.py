@@ -4,6 +4,10 @@ QLinearMatMul.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 import onnx
 import torch
 
@@ -26,6 +30,9 @@ class MatMul(Kernel):
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.matmul(a, b),)
 
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else torch.matmul
+
 
 @kernel("Gemm", since=7)
 class Gemm(Kernel):
@@ -39,6 +46,23 @@ class Gemm(Kernel):
         self.trans_b = bool(self.attr("transB", 0))
         # torch refuses float alpha/beta for integer tensors; integral ones can go as ints.
         self.int_scalars = self.alpha.is_integer() and self.beta.is_integer()
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        # the plain product (torch.mm, C absent or beta 0) or product plus C (torch.addmm with its default
+        # beta = alpha = 1), what run calls for floats and integers alike; transposes and scaling: run
+        if self.trans_a or self.trans_b or self.alpha != 1.0 or not self.int_scalars:
+            return None
+        fixed = set(static)
+        if len(self.node.input) < 3 or not self.node.input[2] or self.beta == 0.0:
+            return torch.mm if fixed <= {2} else None
+        if self.beta != 1.0:
+            return None
+        if fixed == {2}:
+            return partial(torch.addmm, static[2])
+        if fixed == {1, 2}:
+            c, w = static[2], static[1]
+            return lambda a: torch.addmm(c, a, w)
+        return None
 
     def run(
         self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None

@@ -5,6 +5,10 @@ They change meaning at opset 13 (coerce-to-2-D at `axis` before, one axis after)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import methodcaller
+from typing import Any
+
 import onnx
 import torch
 
@@ -36,6 +40,9 @@ class Softmax13(Kernel):
 
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.softmax(x, self.axis),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static else methodcaller("softmax", self.axis)  # Tensor.softmax is torch.softmax
 
 
 @kernel("LogSoftmax", since=1)

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any, cast
+
 import onnx
 import torch
 
@@ -43,6 +47,21 @@ class Identity(Kernel):
 
 @kernel("Where", since=9)
 class Where(Kernel):
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        fixed = set(static)
+        if fixed == {0}:
+            return cast(Callable[..., torch.Tensor], partial(torch.where, static[0]))
+        if fixed == {0, 2}:
+            cond, other = static[0], static[2]
+            return lambda a: torch.where(cond, a, other)
+        if fixed == {0, 1}:
+            cond, value = static[0], static[1]
+            return lambda b: torch.where(cond, value, b)
+        if fixed == {1, 2}:
+            a, b = static[1], static[2]
+            return lambda cond: torch.where(cond, a, b)
+        return None
+
     def run(self, cond: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
         try:
             return (torch.where(cond, a, b),)

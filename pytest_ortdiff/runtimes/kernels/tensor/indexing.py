@@ -5,6 +5,8 @@ OneHot, NonZero, Unique, ReverseSequence, Trilu.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -35,6 +37,10 @@ class Gather(Kernel):
         if indices.dim() == 0:
             i = int(indices)
             return (data.select(axis, i + data.shape[axis] if i < 0 else i),)
+        if axis == 0 and data.is_contiguous():
+            # indexing wraps negative indices and checks bounds itself: one op for _wrap's three and
+            # index_select's (the same contiguous copy of the same rows)
+            return (data[indices if indices.dtype == torch.int64 else indices.to(torch.int64)],)
         idx = _wrap(indices, data.shape[axis])
         flat = data.index_select(axis, idx.reshape(-1))
         return (flat.reshape(data.shape[:axis] + indices.shape + data.shape[axis + 1 :]),)
@@ -187,6 +193,25 @@ class Slice10(Kernel):
         dims = list(range(len(s))) if axes is None else axes.tolist()
         step = [1] * len(s) if steps is None else steps.tolist()
         return (_slice(x, s, ends.tolist(), dims, step),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        if set(static) != set(range(1, len(self.node.input))) or static[1] is None or static[2] is None:
+            return None
+        s, e = static[1].tolist(), static[2].tolist()
+        axes, steps = static.get(3), static.get(4)
+        dims = list(range(len(s))) if axes is None else axes.tolist()
+        step = [1] * len(s) if steps is None else steps.tolist()
+        if len(s) == len(e) == len(dims) == len(step) == 1 and step[0] == 1:
+            # one axis, step 1 (the common case): x.narrow, the very view x[..., start:stop] is
+            (s0,), (e0,), (axis,) = s, e, dims
+
+            def narrow(x: torch.Tensor) -> torch.Tensor:
+                a = axis + x.dim() if axis < 0 else axis
+                start, stop, _ = slice(s0, e0, 1).indices(x.shape[a])
+                return x.narrow(a, start, max(stop - start, 0))
+
+            return narrow
+        return lambda x: _slice(x, s, e, dims, step)
 
 
 @kernel("Compress", since=9)

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import methodcaller
+from typing import Any
+
 import onnx
 import torch
 import torch.nn.functional as F
@@ -18,7 +22,7 @@ def _split(x: torch.Tensor, axis: int, sizes: list[int] | None, parts: int) -> t
         # the last chunk is the smaller one when the dim does not divide (opset 18's num_outputs)
         chunk = -(-dim // parts)
         sizes = [chunk] * (parts - 1) + [dim - chunk * (parts - 1)]
-    return tuple(torch.split(x, sizes, axis))
+    return tuple(x.split_with_sizes(sizes, axis))  # what torch.split calls, past its two Python layers
 
 
 @kernel("Split", since=2)
@@ -57,6 +61,11 @@ class Split18(Split13):
 class Tile(Kernel):
     def run(self, x: torch.Tensor, repeats: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (x.repeat(repeats.tolist()),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        if set(static) != {1} or static[1] is None:
+            return None
+        return methodcaller("repeat", static[1].tolist())
 
 
 def _pad_index(n: int, before: int, after: int, mode: str, device: torch.device) -> torch.Tensor:

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import methodcaller
+from typing import Any
+
 import onnx
 import torch
 
@@ -55,6 +59,14 @@ class Reshape(Kernel):
             dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
         return (x.reshape(dims),)
 
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        if set(static) != {1} or static[1] is None:
+            return None
+        dims = static[1].tolist()
+        if not self.allowzero and 0 in dims:
+            return lambda x: x.reshape([x.shape[i] if d == 0 else d for i, d in enumerate(dims)])
+        return methodcaller("reshape", dims)
+
 
 @kernel("Transpose", since=1)
 class Transpose(Kernel):
@@ -67,6 +79,9 @@ class Transpose(Kernel):
         if self.perm is None:
             return (x.permute(tuple(range(x.dim() - 1, -1, -1))),)
         return (x.permute(self.perm),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        return None if static or self.perm is None else methodcaller("permute", self.perm)
 
 
 def _squeeze(x: torch.Tensor, axes: list[int] | tuple[int, ...]) -> torch.Tensor:
@@ -89,6 +104,21 @@ def _unsqueeze(x: torch.Tensor, axes: list[int] | tuple[int, ...]) -> torch.Tens
     return x.reshape(dims)
 
 
+def _unsqueezer(axes: list[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`_unsqueeze` for fixed axes: their order sorted once when none counts from the back."""
+    if any(a < 0 for a in axes):
+        return lambda x: _unsqueeze(x, axes)
+    at = sorted(axes)
+
+    def unsqueeze(x: torch.Tensor) -> torch.Tensor:
+        dims = list(x.shape)
+        for a in at:
+            dims.insert(a, 1)
+        return x.reshape(dims)
+
+    return unsqueeze
+
+
 @kernel("Squeeze", since=1)
 class Squeeze(Kernel):
     """Opsets 1-12: axes in an attribute; none means every size-1 dim."""
@@ -107,6 +137,12 @@ class Squeeze13(Kernel):
 
     def run(self, x: torch.Tensor, axes: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         return (_squeeze(x, () if axes is None else axes.reshape(-1).tolist()),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        if set(static) != {1}:
+            return None
+        axes = () if static[1] is None else tuple(static[1].reshape(-1).tolist())
+        return lambda x: _squeeze(x, axes)
 
 
 @kernel("Unsqueeze", since=1)
@@ -127,6 +163,11 @@ class Unsqueeze13(Kernel):
 
     def run(self, x: torch.Tensor, axes: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (_unsqueeze(x, axes.reshape(-1).tolist()),)
+
+    def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
+        if set(static) != {1} or static[1] is None:
+            return None
+        return _unsqueezer(static[1].reshape(-1).tolist())
 
 
 @kernel("Concat", since=1)
