@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import progress
 from .check import Checker, Missing, ToleranceBroken, ToleranceLike, UnsupportedByProvider, row_for
 from .formatting import g
 from .model_io import check_model, load_model
@@ -153,8 +154,11 @@ def fuzz(
     # an op that onnxruntime or the evaluator lacks is not a numerical failure: no example can run, and
     # hypothesis must not shrink on it; the first one stops every later example and is raised after
     stopped: list[BaseException] = []
+    shown: list[progress.Bar] = []  # the run's progress bar, once it is drawn
 
     def one(values: dict[str, int], reg: str, seed: int) -> None:
+        if shown:
+            shown[0].update()
         if stopped:
             return
         try:
@@ -178,8 +182,13 @@ def fuzz(
     # no deadline: an example that meets a new graph builds its session first (hundreds of ms); the rest
     # (examples, database, derandomize) follows the active hypothesis profile
     test = (settings(deadline=None) if max_examples is None else settings(deadline=None, max_examples=max_examples))(test)
+    # a long run (the profile's or the call's max_examples of 50 and more) draws a bar on a terminal;
+    # shrinking a failure runs more examples than that, which the bar counts on past its end
+    total = max_examples if max_examples is not None else settings().max_examples
     try:
-        test()
+        with progress.bar(total, "ortdiff fuzz", unit="example", min_total=50) as bar:
+            shown.append(bar)
+            test()
     except _Broken as exc:
         case = FuzzCase(exc.values, exc.regime, exc.seed, exc.report, tuple(exc.violations), _reproduce_line(checker.dtype, build, build_dims, exc.values, exc.regime, exc.seed))
         failed = FuzzResult(checker.provider, checker.dtype, tol, stats["examples"], stats["max_abs"], stats["max_ulp"], stats["worst_dims"], stats["worst"], case)

@@ -88,3 +88,16 @@ def test_blame_bar_reaches_the_terminal_past_capture(pytester: pytest.Pytester, 
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert ("ortdiff blame" in result.stdout.str()) is forced
+
+
+def test_long_fuzz_run_counts_its_examples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fuzz run of 50 examples or more draws a bar counting them (forced here: output is not a terminal)."""
+    from pytest_ortdiff import Checker, models
+    from pytest_ortdiff.fuzz import fuzz
+
+    out = _Tty()
+    progress.configure(out, None)
+    monkeypatch.setenv("ORTDIFF_PROGRESS", "1")
+    result = fuzz(Checker("CPU", "float32"), models.layer_norm_matmul_add, dims={"a": (1, 2), "b": (1, 2), "c": (1, 8)}, max_examples=50)
+    assert "ortdiff fuzz" in out.getvalue() and "/50 " in out.getvalue()
+    assert result.examples >= 1
