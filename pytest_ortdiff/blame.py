@@ -25,7 +25,7 @@ from . import progress
 from .diff import DiffReport, compare
 from .dtypes import DType, dtype_of
 from .formatting import g, table
-from .model_io import expose_all_values, load_model
+from .model_io import expose_all_values, has_subgraph, load_model
 from .providers import KNOWN, parse_provider, torch_device
 from .results import closer_to_oracle
 from .runtimes.evaluator import MissingKernelError, TorchEvaluator
@@ -548,7 +548,7 @@ class _Graph:
             for x in dict.fromkeys(ins):
                 if x:
                     self.consumers.setdefault(x, []).append(i)
-        self.subgraph = [_has_graph(n) for n in nodes]
+        self.subgraph = [has_subgraph(n) for n in nodes]
         self.outputs = [tuple(n.output) for n in nodes]
         self.runs = [k.run for k in self.kernels]
 
@@ -562,10 +562,6 @@ class _Graph:
                     bits |= below[j] | (1 << j)
             below[i] = bits
         return [b.bit_count() for b in below]
-
-
-def _has_graph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 _ONNX_TYPES: dict[torch.dtype, int | None] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,12 +26,35 @@ __all__ = [
     "check_feeds",
     "check_model",
     "feed_dims",
+    "has_subgraph",
     "input_specs",
+    "iter_graphs",
     "load_external_data",
     "load_model",
     "parse_model",
     "session_input_specs",
 ]
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph`, then every graph nested in its nodes' attributes (If/Loop/Scan bodies), depth first."""
+    import onnx
+
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from iter_graphs(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    yield from iter_graphs(sub)
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    """Whether `node` carries a body (a GRAPH or GRAPHS attribute): If, Loop, Scan, SequenceMap, ..."""
+    import onnx
+
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 class ModelLoadError(ValueError):

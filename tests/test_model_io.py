@@ -99,3 +99,19 @@ def test_external_data_outside_the_model_directory_is_refused(tmp_path: Path, ca
         data.mkdir()
     with pytest.raises(ModelLoadError, match=f"^model {str(path)!r}: tensor 'W' keeps its data in .*{expected}"):
         load_model(path)
+
+
+def test_iter_graphs_and_has_subgraph_reach_nested_bodies() -> None:
+    """The one graph walk the evaluator, blame and the precision search share: bodies of bodies included."""
+    import onnx.helper as oh
+
+    from pytest_ortdiff.model_io import has_subgraph, iter_graphs
+
+    inner = oh.make_graph([oh.make_node("Identity", ["x"], ["y"])], "inner", [], [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    nested_if = oh.make_node("If", ["c"], ["z"], then_branch=inner, else_branch=inner)
+    body = oh.make_graph([nested_if], "body", [], [oh.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1])])
+    outer = oh.make_node("If", ["c"], ["out"], then_branch=body, else_branch=inner)
+    graph = oh.make_graph([outer, oh.make_node("Relu", ["out"], ["r"])], "main", [], [])
+    # depth first, attributes in their stored order (onnx.helper sorts them: else_branch before then_branch)
+    assert [g.name for g in iter_graphs(graph)] == ["main", "inner", "body", "inner", "inner"]
+    assert [has_subgraph(n) for n in graph.node] == [True, False]

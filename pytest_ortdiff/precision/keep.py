@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from ..check import Checker, ToleranceLike, row_for
 from ..dtypes import dtype_of
 from ..formatting import g, table
-from ..model_io import check_model, load_model
+from ..model_io import check_model, has_subgraph, iter_graphs, load_model
 from ..runtimes.evaluator import TorchEvaluator
 from .audit import AuditReport, audit
 
@@ -289,9 +289,9 @@ def _named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy whose every node has a unique name (the converter's node_block_list goes by name): a nameless
     top-level node gets the audit's label, op type + index ("Pow_3")."""
     out = copy.deepcopy(model)
-    taken = {n.name for g in _graphs(out.graph) for n in g.node if n.name}
+    taken = {n.name for g in iter_graphs(out.graph) for n in g.node if n.name}
     count = 0
-    for depth, graph in enumerate(_graphs(out.graph)):
+    for depth, graph in enumerate(iter_graphs(out.graph)):
         for i, node in enumerate(graph.node):
             if node.name:
                 continue
@@ -309,23 +309,6 @@ def _named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, count
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for sub in a.graphs:
-                    yield from _graphs(sub)
-
-
-def _has_body(node: onnx.NodeProto) -> bool:
-    return any(
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
-    )
-
-
 def _float32_values(model: onnx.ModelProto) -> set[str]:
     """Names of the values (all graphs) whose inferred element type is float32: what the converter converts."""
     try:
@@ -333,7 +316,7 @@ def _float32_values(model: onnx.ModelProto) -> set[str]:
     except Exception:  # inference is best effort (custom ops): such a model's values stay unknown
         inferred = model
     out: set[str] = set()
-    for graph in _graphs(inferred.graph):
+    for graph in iter_graphs(inferred.graph):
         for vi in [*graph.input, *graph.value_info, *graph.output]:
             t = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
             if t is not None and t.elem_type == onnx.TensorProto.FLOAT:
@@ -437,7 +420,7 @@ def _reads(node: onnx.NodeProto) -> list[str]:
             else []
         )
         for sub in subs:
-            out += [x for g_ in _graphs(sub) for n in g_.node for x in n.input if x]
+            out += [x for g_ in iter_graphs(sub) for n in g_.node for x in n.input if x]
     return out
 
 
@@ -511,7 +494,7 @@ def _retype_bfloat16(model: onnx.ModelProto, src: onnx.ModelProto) -> None:
     their float32 originals."""
     f16, bf16 = onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16
     originals = {t.name: t for t in src.graph.initializer}
-    src_nodes = {n.name: n for g in _graphs(src.graph) for n in g.node if n.name}
+    src_nodes = {n.name: n for g in iter_graphs(src.graph) for n in g.node if n.name}
 
     def bf16_tensor(orig: onnx.TensorProto, name: str) -> onnx.TensorProto:
         arr = torch.from_numpy(numpy_helper.to_array(orig).astype("float32"))
@@ -522,7 +505,7 @@ def _retype_bfloat16(model: onnx.ModelProto, src: onnx.ModelProto) -> None:
         t.raw_data = arr.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
         return t
 
-    for graph in _graphs(model.graph):
+    for graph in iter_graphs(model.graph):
         for vi in [*graph.input, *graph.output, *graph.value_info]:
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == f16:
                 vi.type.tensor_type.elem_type = bf16
@@ -588,7 +571,7 @@ class _Simulator:
             t.name: t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT
         }
         self.init_inputs: dict[str, list[tuple[int, str]]] = {}
-        for graph in _graphs(model.graph):
+        for graph in iter_graphs(model.graph):
             for node in graph.node:
                 pos = [(i, x) for i, x in enumerate(node.input) if x in initializers]
                 if pos:
@@ -768,7 +751,7 @@ class _Search:
         self.order = list(range(len(feeds)))  # inputs, the last to break a list first
         self.best: frozenset[str] | None = None
         self.audit = {n.node_name or n.name: n for n in report.nodes}
-        nodes = [n for graph in _graphs(sim.ev.model.graph) for n in graph.node]
+        nodes = [n for graph in iter_graphs(sim.ev.model.graph) for n in graph.node]
         self.producer = {o: n.name for n in nodes for o in n.output if o}
         self.inputs = {n.name: [x for x in n.input if x] for n in nodes}
         self.consumers: dict[str, set[str]] = {}
@@ -1229,13 +1212,13 @@ def keep_float32(
     )
     floats = _float32_values(named)
     default_blocked = set(_default_op_block_list())
-    all_nodes = [n for g_ in _graphs(named.graph) for n in g_.node]
+    all_nodes = [n for g_ in iter_graphs(named.graph) for n in g_.node]
     always = tuple(n.name for n in all_nodes if n.op_type in default_blocked)
     candidates = frozenset(
         n.name
         for n in all_nodes
         if n.op_type not in default_blocked
-        and not _has_body(n)
+        and not has_subgraph(n)
         and any(x in floats for x in [*n.input, *n.output] if x)
     )
     sim = _Simulator(named, half, candidates, floats, keep_io_types=keep_io_types, device=device)

@@ -17,7 +17,7 @@ import onnx
 import torch
 
 from ..dtypes import DType, dtype_of
-from ..model_io import InvalidModelError, load_model
+from ..model_io import InvalidModelError, has_subgraph, iter_graphs, load_model
 from ..model_io import check_model as _check_model
 from . import kernels as _kernels  # registers every kernel family
 from .kernels.base import Kernel, KernelContext, UnsupportedVariantError, lookup
@@ -31,7 +31,6 @@ Observer = Callable[[onnx.NodeProto, Mapping[str, Any]], None]
 #: override values that compute a node in another floating dtype (its floating outputs cast back)
 _COMPUTE_IN = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _KEY_HELP = 'keys: an op type ("", "LayerNormalization"), a node name, or a predicate f(node) -> bool; values: "torch", "ort", "float64", "float32", "float16", "bfloat16" or a callable f(*inputs)'
-_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 # Every torch op passes through autograd's dispatch layers (Autograd, ADInplaceOrView) even when nothing
 # needs a gradient: about a sixth of a small op's time. A run no gradient can flow through dispatches below
 # them (the tensors it makes are ordinary tensors, unlike inference_mode's). torch's private guard, looked
@@ -615,7 +614,7 @@ class TorchEvaluator:
             self._initializers[init.name] = default_ctx.tensor(init)
 
         self.nodes = list(graph.node)
-        self._all_nodes = [n for g in _graphs(graph) for n in g.node]
+        self._all_nodes = [n for g in iter_graphs(graph) for n in g.node]
         self._node_names = {n.name for n in self._all_nodes if n.name}
         self._op_types = {n.op_type for n in self._all_nodes}
         self._overrides = dict(kernels or {})
@@ -674,7 +673,7 @@ class TorchEvaluator:
             inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
         except Exception:  # inference is a convenience here; models with custom ops may defeat it
             inferred = self.model
-        for g in _graphs(inferred.graph):
+        for g in iter_graphs(inferred.graph):
             for vi in list(g.input) + list(g.value_info) + list(g.output):
                 if vi.type.HasField("tensor_type"):
                     types[vi.name] = vi.type.tensor_type
@@ -758,7 +757,7 @@ class TorchEvaluator:
         if callable(override):
             return _CallableKernel(node, ctx, override)
         cls = lookup(domain, node.op_type, ctx.opset)
-        if cls is not None and (override == "ort" or override in _COMPUTE_IN) and _has_subgraph(node):
+        if cls is not None and (override == "ort" or override in _COMPUTE_IN) and has_subgraph(node):
             # control flow computes nothing itself: the override goes to the nodes of its body
             return cls(node, self._context(domain, override))
         if override == "ort":
@@ -810,7 +809,7 @@ class TorchEvaluator:
             if (
                 domain
                 or node.op_type in _NONDETERMINISTIC
-                or _has_subgraph(node)
+                or has_subgraph(node)
                 or self._override_for(node) is not None
                 or type(k) is not lookup(domain, node.op_type, self.opsets.get(domain, 1))
             ):
@@ -946,22 +945,6 @@ class TorchEvaluator:
         if intermediates:
             return values
         return [values[o] for o in outputs]
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """`graph` and every graph nested in its nodes' attributes."""
-    yield graph
-    for node in graph.node:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    yield from _graphs(g)
-
-
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute)
 
 
 def _label(node: onnx.NodeProto) -> str:
