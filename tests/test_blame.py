@@ -442,6 +442,48 @@ def test_over_budget_rows_are_estimates_and_the_planted_kernel_is_still_exact_an
     assert "are first-order estimates" in table.render()
 
 
+def test_over_budget_op_types_are_estimated_but_the_first_and_a_generous_budget_runs_them_all() -> None:
+    model, feeds, _ = _zoo("llama_decoder_layer")
+    planted = "post_attention_layernorm_sqrt"
+    kernels = {planted: lambda x: torch.sqrt(x) * 1.001}
+    tight = blame(model, feeds, kernels=kernels, budget=0)
+    exact_ops = [r for r in tight.op_rows if r.exact and not r.skipped and r.node == r.op_type]
+    several = {n.op_type for n in model.graph.node if sum(m.op_type == n.op_type for m in model.graph.node) > 1}
+    estimated_ops = [r for r in tight.op_rows if not r.exact]
+    assert len([r for r in exact_ops if r.op_type in several]) == 1  # the op type ranked first runs
+    assert estimated_ops and all(r.vs_ort is None and r.oracle_max_abs is None for r in estimated_ops)
+    # the first-order sum over an op type's nodes, clipped to [0, 1]
+    assert all(0.0 <= r.explained <= 1.0 for r in estimated_ops)
+    assert "op types are first-order estimates" in tight.render_by_op_type()
+    # the op type holding the planted kernel (Sqrt) is the one that ran, and explains the gap
+    sqrt = next(r for r in tight.op_rows if r.op_type == "Sqrt")
+    assert sqrt.exact and sqrt.explained > 0.9
+    # a budget that covers everything: every row exact, equal to budget=None's
+    full = blame(model, feeds, kernels=kernels, budget=1e9)
+    exact = blame(model, feeds, kernels=kernels, budget=None)
+    assert all(r.exact for r in [*full.rows, *full.op_rows])
+    assert [r.to_dict() for r in full.op_rows] == [r.to_dict() for r in exact.op_rows]
+    assert [r.to_dict() for r in full.rows] == [r.to_dict() for r in exact.rows]
+
+
+def test_node_costs_weigh_multiply_adds_and_elements() -> None:
+    import importlib
+
+    import onnx.helper as oh
+
+    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    a, b, w = torch.zeros(2, 8, 16), torch.zeros(16, 32), torch.zeros(4, 3, 3, 3)
+    values = {"a": a, "b": b, "y": torch.zeros(2, 8, 32), "x": torch.zeros(1, 3, 10, 10), "w": w, "c": torch.zeros(1, 4, 8, 8)}
+    assert blame_module._multiply_adds(oh.make_node("MatMul", ["a", "b"], ["y"]), values) == 2 * 8 * 32 * 16
+    values_gemm = {"a": torch.zeros(16, 5), "b": torch.zeros(16, 7), "y": torch.zeros(5, 7)}
+    assert blame_module._multiply_adds(oh.make_node("Gemm", ["a", "b"], ["y"], transA=1), values_gemm) == 5 * 7 * 16
+    assert blame_module._multiply_adds(oh.make_node("Conv", ["x", "w"], ["c"]), values) == 4 * 8 * 8 * (3 * 3 * 3)
+    assert blame_module._multiply_adds(oh.make_node("Add", ["a", "a"], ["y"]), values) == 0
+    bits = 0b1011
+    costs = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    assert blame_module._weight(bits, costs) == 1 + 2 + 8
+
+
 def test_local_errors_fall_back_to_one_session_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
     # onnxruntime refusing the model of every node at once: each node on its own, the same table
     import importlib
