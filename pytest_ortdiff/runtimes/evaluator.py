@@ -7,6 +7,8 @@ predicate (inside If/Loop/Scan bodies too); `compute_dtype=torch.float64` turns 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -162,11 +164,11 @@ def _step(k: Kernel, run: Callable[..., Any], args: tuple[str, ...], outs: tuple
     )
 
 
-def _direct(k: Kernel, node: onnx.NodeProto, ins: tuple[str, ...], static: Mapping[str, Any]) -> tuple[Callable[..., Any], tuple[str, ...]] | None:
+def _direct(k: Kernel, n_outputs: int, ins: tuple[str, ...], static: Mapping[str, Any]) -> tuple[Callable[..., Any], tuple[str, ...]] | None:
     """The kernel's `direct` callable and the inputs it takes: built for its inputs whose values `static`
     holds (omitted ones: None) if it can, else taking every input; None when it has none, or the node
     has more than one output, or the callable would take no input or more than two."""
-    if len(node.output) != 1 or type(k).direct is Kernel.direct:
+    if n_outputs != 1 or type(k).direct is Kernel.direct:
         return None
     consts = {j: static[x] if x else None for j, x in enumerate(ins) if not x or x in static}
     args = tuple(x for j, x in enumerate(ins) if j not in consts)
@@ -182,7 +184,7 @@ def _direct(k: Kernel, node: onnx.NodeProto, ins: tuple[str, ...], static: Mappi
 
 
 def _build_plan(
-    nodes: Sequence[onnx.NodeProto],
+    node_outputs: Sequence[tuple[str, ...]],
     kernels: Sequence[Kernel | None],
     step_inputs: Sequence[tuple[str, ...]],
     outputs: Sequence[str],
@@ -203,7 +205,7 @@ def _build_plan(
     those in `guards`: there the guard runs instead of the kernel, on the node's first input."""
     guards = guards or {}
     static = static or {}
-    order = [i for i in _needed(nodes, step_inputs, outputs) if i not in folded or i in guards]
+    order = [i for i in _needed(node_outputs, step_inputs, outputs) if i not in folded or i in guards]
     runs: dict[int, tuple[Callable[..., Any], tuple[str, ...]]] = {}
     direct: set[int] = set()
     for i in order:
@@ -214,7 +216,7 @@ def _build_plan(
             runs[i] = (guards[i], ins[:1])
         elif keep_all and hasattr(k, "run_collecting"):
             runs[i] = (k.run_collecting, ins)
-        elif (fast := _direct(k, nodes[i], ins, static)) is not None:
+        elif (fast := _direct(k, len(node_outputs[i]), ins, static)) is not None:
             runs[i] = fast
             direct.add(i)
         else:
@@ -233,15 +235,15 @@ def _build_plan(
         free: tuple[str, ...] = ()
         if not keep_all:
             free = tuple(sorted({x for x in args if x and last_use.get(x) == i and x not in kept}))
-        outs = () if i in guards else tuple(nodes[i].output)
+        outs = () if i in guards else node_outputs[i]
         collect = i not in guards and keep_all and hasattr(k, "run_collecting")
         steps.append(tuple(_step(k, run, args, outs, free, collect, step_inputs[i], i in direct)))
     return tuple(steps)
 
 
-def _needed(nodes: Sequence[onnx.NodeProto], step_inputs: Sequence[tuple[str, ...]], outputs: Collection[str]) -> list[int]:
-    """The nodes `outputs` depend on, in graph order."""
-    produced = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+def _needed(node_outputs: Sequence[tuple[str, ...]], step_inputs: Sequence[tuple[str, ...]], outputs: Collection[str]) -> list[int]:
+    """The nodes `outputs` depend on, in graph order (`node_outputs`: each node's outputs)."""
+    produced = {o: i for i, outs in enumerate(node_outputs) for o in outs if o}
     needed: set[int] = set()
     stack = [produced[o] for o in outputs if o in produced]
     while stack:
@@ -373,7 +375,8 @@ class Subgraph:
         self.output_types = tuple(vi.type for vi in graph.output)
         self._step_inputs = step_inputs
         self._initializers = initializers
-        defined = set(self.inputs) | set(initializers) | {o for n in self.nodes for o in n.output if o}
+        self._node_outputs = [tuple(n.output) for n in self.nodes]
+        defined = set(self.inputs) | set(initializers) | {o for outs in self._node_outputs for o in outs if o}
         used = [x for ins in step_inputs for x in ins if x] + list(self.outputs)
         #: the values of enclosing graphs it reads, in a fixed order
         self.outer_inputs = tuple(dict.fromkeys(x for x in used if x not in defined))
@@ -383,8 +386,8 @@ class Subgraph:
     def prepare(self) -> None:
         """Builds the plans, once every kernel (of this graph and the graphs around it) exists."""
         init = self._initializers
-        self._plan = _build_plan(self.nodes, self.kernels, self._step_inputs, self.outputs, keep_all=False, static=init)
-        self._plan_all = _build_plan(self.nodes, self.kernels, self._step_inputs, self.outputs, keep_all=True, static=init)
+        self._plan = _build_plan(self._node_outputs, self.kernels, self._step_inputs, self.outputs, keep_all=False, static=init)
+        self._plan_all = _build_plan(self._node_outputs, self.kernels, self._step_inputs, self.outputs, keep_all=True, static=init)
 
     def scope(self, outer: Mapping[str, Any]) -> dict[str, Any]:
         values = {name: outer[name] for name in self.outer_inputs}
@@ -449,14 +452,14 @@ class _ShapePlans:
 
     def __init__(self, ev: TorchEvaluator, outputs: tuple[str, ...], keep_all: bool, plain: _Plan) -> None:
         self.ev, self.outputs, self.keep_all, self.plain = ev, outputs, keep_all, plain
-        nodes = ev.nodes
-        needed = _needed(nodes, ev._inputs, outputs)
+        node_outputs = ev._facts.node_outputs
+        needed = _needed(node_outputs, ev._inputs, outputs)
         wanted = set(outputs)
         # a node making an asked-for output runs: the caller gets a tensor of its own, not the cached one
-        self.folded = {i for i in needed if i in ev._foldable and not wanted.intersection(nodes[i].output)}
+        self.folded = {i for i in needed if i in ev._foldable and not wanted.intersection(node_outputs[i])}
         self.sources = [i for i in needed if i in self.folded and i in ev._guarded_sources]
         consumed = {x for i in needed if i not in self.folded for x in ev._inputs[i] if x}
-        made = {o for i in self.folded for o in nodes[i].output if o}
+        made = {o for i in self.folded for o in node_outputs[i] if o}
         # what the specialised plan needs put in: every folded value with keep_all, else those read by a
         # node it runs (the other folded values are only read by folded nodes, which it does not run)
         self.cached_names = tuple(sorted(made if keep_all else made & (consumed | set(outputs))))
@@ -494,7 +497,7 @@ class _ShapePlans:
 
         # the plain plan, but keeping the values to cache, its guarded Shape/Size recording their input's shape
         recorders = {id(ev._kernels[i]): recording(i, ev._kernels[i].run) for i in self.sources}
-        plan = _build_plan(ev.nodes, ev._kernels, ev._inputs, self.outputs, self.keep_all, static=ev._initializers, keep=self.cached_names)
+        plan = _build_plan(ev._facts.node_outputs, ev._kernels, ev._inputs, self.outputs, self.keep_all, static=ev._initializers, keep=self.cached_names)
         steps = [_Step._make(st) for st in plan]
         _execute(tuple(tuple(st._replace(run=recorders[id(st.kernel)])) if id(st.kernel) in recorders else tuple(st) for st in steps), values)
         cached = {n: values[n] for n in self.cached_names}
@@ -503,7 +506,7 @@ class _ShapePlans:
         else:
             guards = {i: _guard(shapes[i]) for i in self.sources if i in shapes}
             static = {**ev._initializers, **cached}  # this signature's plan builds its folded values in
-            plan = _build_plan(ev.nodes, ev._kernels, ev._inputs, self.outputs, self.keep_all, static=static, folded=self.folded, guards=guards)
+            plan = _build_plan(ev._facts.node_outputs, ev._kernels, ev._inputs, self.outputs, self.keep_all, static=static, folded=self.folded, guards=guards)
             entry = (plan, cached)
         self.by_signature[signature] = entry
         if len(self.by_signature) > _MAX_SIGNATURES:
@@ -517,6 +520,227 @@ def _guard(shape: torch.Size) -> Callable[[torch.Tensor], tuple[()]]:
         return ()
 
     return guard
+
+
+class _Same:
+    """`with_compute_dtype`'s default for `kernels`: the evaluator's own overrides."""
+
+    def __repr__(self) -> str:
+        return "<the same kernels>"
+
+
+_SAME = _Same()
+
+
+def _parse_compute_dtype(compute_dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if isinstance(compute_dtype, str):
+        try:
+            compute_dtype = dtype_of(compute_dtype).torch  # the project's spellings: float64, fp64, double
+        except ValueError:
+            raise ValueError(f"compute_dtype {compute_dtype!r} is not a dtype name; use 'float64' (the oracle), 'float32' or None") from None
+    if compute_dtype not in (None, torch.float64, torch.float32):
+        raise ValueError(f"compute_dtype must be torch.float64 (the oracle), torch.float32 or None; got {compute_dtype}")
+    return compute_dtype
+
+
+def _promote(t: torch.Tensor, compute_dtype: torch.dtype | None) -> torch.Tensor:
+    """A decoded initializer as `KernelContext.tensor` gives it in an evaluator computing in `compute_dtype`
+    (float8 stays float8); the tensor itself when that changes nothing."""
+    if compute_dtype is not None and t.is_floating_point() and t.element_size() >= 2 and t.dtype != compute_dtype:
+        return t.to(compute_dtype)
+    return t
+
+
+# floating initializers of this many elements or more are weights: no op's shape inference reads their values
+_WEIGHT_ELEMENTS = 1024
+_FLOAT_CODES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+
+
+class _ModelFacts:
+    """What the evaluator reads off its model whatever its compute dtype and overrides: inputs, outputs,
+    nodes, and, worked out on first use, the types shape inference gives, the node names, per-node facts.
+    An evaluator and the twins `with_compute_dtype` makes share one; nothing in it changes once made."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        graph = model.graph
+        self.opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
+        _refuse_untorchable(graph, "the model's")
+        self.input_types: dict[str, onnx.TypeProto.Tensor] = {}
+        self.input_kinds: dict[str, onnx.TypeProto] = {}
+        init_names = {i.name for i in graph.initializer}
+        for vi in graph.input:
+            if vi.name in init_names:
+                continue
+            self.input_types[vi.name] = vi.type.tensor_type
+            if vi.type.WhichOneof("value") != "tensor_type":
+                self.input_kinds[vi.name] = vi.type
+        self.feed_specs = {name: _feed_spec(t) for name, t in self.input_types.items()}
+        self.output_names = [o.name for o in graph.output]
+        self.nodes = list(graph.node)
+        self.value_types: Mapping[str, onnx.TypeProto.Tensor] = _InferredTypes(self)
+        self._output_dtypes: dict[str, torch.dtype | None] | None = None
+
+    @functools.cached_property
+    def types(self) -> tuple[dict[str, onnx.TypeProto.Tensor], dict[str, onnx.TypeProto.Tensor]]:
+        """Declared tensor types by value name (subgraphs included), and the element types of sequence
+        and optional values, as shape inference gives them."""
+        types: dict[str, Any] = {}
+        elements: dict[str, Any] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(_without_weights(self.model), strict_mode=False)
+        except Exception:  # inference is a convenience here; models with custom ops may defeat it
+            inferred = self.model
+        for g in iter_graphs(inferred.graph):
+            for vi in list(g.input) + list(g.value_info) + list(g.output):
+                if vi.type.HasField("tensor_type"):
+                    types[vi.name] = vi.type.tensor_type
+                else:
+                    element = _element_type(vi.type)
+                    if element is not None:
+                        elements[vi.name] = element
+            for init in g.initializer:
+                t = onnx.TypeProto.Tensor()
+                t.elem_type = init.data_type
+                types.setdefault(init.name, t)
+        return types, elements
+
+    def declared_torch_dtype(self, name: str, elements: bool = False) -> torch.dtype | None:
+        types, element_types = self.types
+        t = types.get(name)
+        if t is None and elements:
+            t = element_types.get(name)
+        if t is None or not t.elem_type:
+            return None
+        try:
+            return DType(t.elem_type).torch
+        except ValueError:
+            return None
+
+    def output_dtypes(self, kernels: Sequence[Kernel]) -> dict[str, torch.dtype | None]:
+        """The declared dtype of each graph output: as the graph declares it when it declares every
+        output's element type and no value of a body can share an output's name (none of the main graph's
+        `kernels` has a body), else as shape inference gives it."""
+        if self._output_dtypes is None:
+            declared: dict[str, torch.dtype | None] | None = {}
+            for vi in self.model.graph.output:
+                t = vi.type
+                if declared is None or not (t.HasField("tensor_type") and t.tensor_type.elem_type):
+                    declared = None
+                    break
+                try:
+                    declared[vi.name] = DType(t.tensor_type.elem_type).torch
+                except ValueError:
+                    declared[vi.name] = None
+            if declared is None or any(self.bodies(kernels)):
+                declared = {n: self.declared_torch_dtype(n) for n in self.output_names}
+            self._output_dtypes = declared
+        return self._output_dtypes
+
+    _bodies: list[bool] | None = None
+
+    def bodies(self, kernels: Sequence[Kernel]) -> list[bool]:
+        """Per main-graph node, whether it has a body, read off the attributes `kernels` (its kernels,
+        whichever evaluator of the model built them) parsed."""
+        if self._bodies is None:
+            self._bodies = [_has_body(k) for k in kernels]
+        return self._bodies
+
+    def fold_candidates(self, kernels: Sequence[Kernel]) -> list[bool]:
+        """Per main-graph node: whether it may fold at all (default domain, no random draw, no body)."""
+        if self._candidates is None:
+            domains = (n.domain for n in self.nodes)
+            self._candidates = [
+                not body and op not in _NONDETERMINISTIC and domain in ("", "ai.onnx")
+                for body, op, domain in zip(self.bodies(kernels), self.op_types, domains, strict=True)
+            ]
+        return self._candidates
+
+    _candidates: list[bool] | None = None
+
+    @functools.cached_property
+    def op_types(self) -> list[str]:
+        return [n.op_type for n in self.nodes]
+
+    @functools.cached_property
+    def inputs(self) -> list[tuple[str, ...]]:
+        """Each main-graph node's inputs ("" where an optional one is omitted)."""
+        return [tuple(n.input) for n in self.nodes]
+
+    @functools.cached_property
+    def node_outputs(self) -> list[tuple[str, ...]]:
+        """Each main-graph node's outputs ("" where an optional one is omitted)."""
+        return [tuple(n.output) for n in self.nodes]
+
+    @functools.cached_property
+    def outputs(self) -> list[tuple[str, ...]]:
+        """Each main-graph node's outputs, the omitted ones left out."""
+        return [tuple(o for o in outs if o) for outs in self.node_outputs]
+
+    @functools.cached_property
+    def names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The names and the op types of every node, subgraphs included (what `kernels=` keys may name)."""
+        every = [n for g in iter_graphs(self.model.graph) for n in g.node]
+        return frozenset(n.name for n in every if n.name), frozenset(n.op_type for n in every)
+
+
+class _InferredTypes(Mapping[str, onnx.TypeProto.Tensor]):
+    """The inferred tensor types of a model's values, inferred when first read (OrtKernel takes them)."""
+
+    def __init__(self, facts: _ModelFacts) -> None:
+        self._facts = facts
+
+    def __getitem__(self, name: str) -> onnx.TypeProto.Tensor:
+        return self._facts.types[0][name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._facts.types[0])
+
+    def __len__(self) -> int:
+        return len(self._facts.types[0])
+
+
+def _has_body(k: Kernel) -> bool:
+    """Whether the kernel's node has a GRAPH or GRAPHS attribute (as `has_subgraph`), from the attributes
+    its kernel parsed: reading them off the node again costs more than the rest of the fold analysis."""
+    attrs = getattr(k, "attrs", None)
+    if attrs is None:  # a kernel that kept no attributes
+        return has_subgraph(k.node)
+    for v in attrs.values():
+        if isinstance(v, onnx.GraphProto) or (isinstance(v, list) and v and isinstance(v[0], onnx.GraphProto)):
+            return True
+        if isinstance(v, list) and not v:  # an empty GRAPHS attribute, or another empty list: the node says
+            return has_subgraph(k.node)
+    return False
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` for shape inference: its floating initializers of `_WEIGHT_ELEMENTS` or more without their
+    data (no op infers a shape from such values: shapes, axes, counts and scales are integers or a few
+    floats), so that inference does not copy the weights twice (a quarter of a build at hidden size 256)."""
+    graph = model.graph
+    heavy = {i for i, t in enumerate(graph.initializer) if t.data_type in _FLOAT_CODES and math.prod(t.dims) >= _WEIGHT_ELEMENTS}
+    if not heavy:
+        return model
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    g.name = graph.name
+    g.node.extend(graph.node)
+    g.input.extend(graph.input)
+    g.output.extend(graph.output)
+    g.value_info.extend(graph.value_info)
+    g.sparse_initializer.extend(graph.sparse_initializer)
+    for i, init in enumerate(graph.initializer):
+        if i in heavy:
+            t = g.initializer.add()
+            t.name, t.data_type = init.name, init.data_type
+            t.dims.extend(init.dims)
+        else:
+            g.initializer.append(init)
+    return light
 
 
 class _Compiler:
@@ -548,6 +772,8 @@ class TorchEvaluator:
       (the control flow itself stays in torch: it computes nothing).
     - `compute_dtype=torch.float64`: every floating tensor, initializer and Cast target promoted to
       float64 — the oracle (subgraphs included). Declared output dtypes stay available in `output_dtypes`.
+      `ev.with_compute_dtype(torch.float64)` builds that oracle from an evaluator already built, for a
+      fraction of a build's cost (what it read off the model and the values it decoded are reused).
     - `missing`: "error" (default) raises MissingKernelError naming every op without a torch kernel, with
       the `kernels={...}` that runs them; "ort" runs each such node on onnxruntime (as the "ort" override
       does) and lists those ops in `ops_run_by_ort`.
@@ -575,59 +801,64 @@ class TorchEvaluator:
             raise ValueError(f"missing={missing!r} is not valid; use 'error' (name the ops without a torch kernel) or 'ort' (run them on onnxruntime)")
         self.missing = missing
         self.device = torch.device(device)
-        if isinstance(compute_dtype, str):
-            try:
-                compute_dtype = dtype_of(compute_dtype).torch  # the project's spellings: float64, fp64, double
-            except ValueError:
-                raise ValueError(f"compute_dtype {compute_dtype!r} is not a dtype name; use 'float64' (the oracle), 'float32' or None") from None
-        if compute_dtype not in (None, torch.float64, torch.float32):
-            raise ValueError(f"compute_dtype must be torch.float64 (the oracle), torch.float32 or None; got {compute_dtype}")
-        self.compute_dtype = compute_dtype
-        graph = self.model.graph
-        self.opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in self.model.opset_import}
+        self.compute_dtype = _parse_compute_dtype(compute_dtype)
+        self._build(_ModelFacts(self.model), kernels, None)
+
+    def with_compute_dtype(self, compute_dtype: torch.dtype | str | None, *, kernels: Mapping[Any, KernelOverride] | _Same | None = _SAME) -> TorchEvaluator:
+        """This evaluator's model on its device with another `compute_dtype` (`torch.float64`: the float64
+        oracle) and, when given, other `kernels` (default: this evaluator's): what
+        `TorchEvaluator(ev.model, device=ev.device, compute_dtype=..., kernels=..., check_model=False,
+        missing=ev.missing)` builds, outputs bit for bit, at a fraction of the cost. It reuses what this
+        evaluator read off the model (inputs, outputs, types, the checker's verdict), its decoded
+        initializers and constants (promoted where the compute dtype promotes them), and its analysis of
+        the values that depend only on the feeds' shapes when the overrides are the same. Its kernels,
+        plans and values are its own: running one evaluator never changes what the other computes (the
+        tensors both hold unchanged, integer initializers and constants, are read, never written, by every
+        run)."""
+        twin = TorchEvaluator.__new__(TorchEvaluator)
+        twin.model, twin.missing, twin.device = self.model, self.missing, self.device
+        twin.compute_dtype = _parse_compute_dtype(compute_dtype)
+        twin._build(self._facts, self._overrides if isinstance(kernels, _Same) else kernels, self)
+        return twin
+
+    # -- construction ------------------------------------------------------------------------
+    def _build(self, facts: _ModelFacts, kernels: Mapping[Any, KernelOverride] | None, base: TorchEvaluator | None) -> None:
+        """Everything but the model and its check: from `facts` (this model's), and from `base` (an
+        evaluator of the same model on the same device) what its compute dtype lets this one reuse."""
+        self._facts = facts
+        self.opsets = dict(facts.opsets)
         self._compilers: list[_Compiler] = []
         self._ctxs: dict[tuple[str, str | None], EvaluatorContext] = {}
-        self._ctx = {domain: self._context(domain) for domain in self.opsets}
         default_ctx = self._context("")
-        _refuse_untorchable(graph, "the model's")
-
-        self.input_types = {}
-        self._input_kinds: dict[str, onnx.TypeProto] = {}  # sequence and optional inputs: their full type
-        init_names = {i.name for i in graph.initializer}
-        for vi in graph.input:
-            if vi.name in init_names:
-                continue
-            self.input_types[vi.name] = vi.type.tensor_type
-            if vi.type.WhichOneof("value") != "tensor_type":
-                self._input_kinds[vi.name] = vi.type
+        self.input_types = dict(facts.input_types)
+        self._input_kinds = facts.input_kinds  # sequence and optional inputs: their full type
         # per input, resolved once: (declared, torch dtype or None, fixed dims by axis or None when the
         # rank is unknown); run() checks feeds against these and describes `declared` only on failure
-        self._feed_specs = {name: _feed_spec(t) for name, t in self.input_types.items()}
-        self.output_names = [o.name for o in graph.output]
+        self._feed_specs = facts.feed_specs
+        self.output_names = list(facts.output_names)
         self._output_tuple = tuple(self.output_names)
-        self._value_types, self._element_types = self._infer_types()
-        #: declared dtype of every graph output (what a non-oracle run produces; None for a sequence)
-        self.output_dtypes = {n: self._declared_torch_dtype(n) for n in self.output_names}
 
-        self._initializers: dict[str, torch.Tensor] = {}
-        for init in graph.initializer:
-            self._initializers[init.name] = default_ctx.tensor(init)
+        # a base without a compute dtype holds every value as decoded; one with this compute dtype, as promoted
+        reuse = base is not None and base.device == self.device and base.compute_dtype in (None, self.compute_dtype)
+        if reuse:
+            assert base is not None
+            self._initializers: dict[str, torch.Tensor] = {name: _promote(t, self.compute_dtype) for name, t in base._initializers.items()}
+        else:
+            self._initializers = {init.name: default_ctx.tensor(init) for init in self.model.graph.initializer}
 
-        self.nodes = list(graph.node)
-        self._all_nodes = [n for g in iter_graphs(graph) for n in g.node]
-        self._node_names = {n.name for n in self._all_nodes if n.name}
-        self._op_types = {n.op_type for n in self._all_nodes}
+        self.nodes = list(facts.nodes)
         self._overrides = dict(kernels or {})
         self._validate_overrides()
         self._missing: dict[str, int] = {}  # op label -> opset, for the error
         self._by_ort: set[str] = set()
         self._records: list[tuple[onnx.NodeProto, Kernel | None, tuple[str, ...]]] = []
         self._subgraphs: list[Subgraph] = []
+        priors: Sequence[Kernel | None] = base._kernels if reuse and base is not None else [None] * len(self.nodes)
         try:
             self._kernels: list[Kernel] = []
             self._inputs: list[tuple[str, ...]] = []
-            for node in self.nodes:
-                k, ins = self._add_node(node, None)
+            for node, prior, node_inputs in zip(self.nodes, priors, facts.inputs, strict=True):
+                k, ins = self._add_node(node, None, prior, node_inputs)
                 self._kernels.append(k)  # type: ignore[arg-type]
                 self._inputs.append(ins)
         finally:
@@ -637,10 +868,16 @@ class TorchEvaluator:
             raise _missing_error(self._missing)
         #: sorted labels of the ops without a torch kernel that missing="ort" runs on onnxruntime
         self.ops_run_by_ort: tuple[str, ...] = tuple(sorted(self._by_ort))
+        #: declared dtype of every graph output (what a non-oracle run produces; None for a sequence)
+        self.output_dtypes = dict(facts.output_dtypes(self._kernels))
         for sg in self._subgraphs:
             sg.prepare()
         self._plans: dict[tuple[tuple[str, ...], bool], _Plan] = {}
-        self._foldable, self._guarded_sources = self._fold_analysis()
+        # (foldable nodes, guarded Shape/Size nodes): worked out by the first run that can use them, as a
+        # run streaming to `observe` never does; the same for an evaluator with the same overrides
+        self._fold: tuple[frozenset[int], frozenset[int]] | None = None
+        if base is not None and base._fold is not None and base._overrides == self._overrides:
+            self._fold = base._fold
         #: feed names in a fixed order, for the shape signature; None when some input is a sequence or an
         #: optional (no shape to key on): every run is then the plain plan's
         self._signature_names: tuple[str, ...] | None = None if self._input_kinds else tuple(self.input_types)
@@ -648,7 +885,6 @@ class TorchEvaluator:
         # a user's kernel may use autograd itself: runs calling one keep torch's autograd layers
         self._below_autograd = _BELOW_AUTOGRAD is not None and not any(isinstance(k, _CallableKernel) for _, k, _ in self._records)
 
-    # -- construction ------------------------------------------------------------------------
     def _context(self, domain: str, inherited: str | None = None) -> EvaluatorContext:
         key = (domain, inherited)
         ctx = self._ctxs.get(key)
@@ -664,48 +900,19 @@ class TorchEvaluator:
             self._ctxs[key] = ctx
         return ctx
 
-    def _infer_types(self) -> tuple[dict[str, onnx.TypeProto.Tensor], dict[str, onnx.TypeProto.Tensor]]:
-        """Declared tensor types by value name (subgraphs included), and the element types of sequence
-        and optional values."""
-        types: dict[str, Any] = {}
-        elements: dict[str, Any] = {}
-        try:
-            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
-        except Exception:  # inference is a convenience here; models with custom ops may defeat it
-            inferred = self.model
-        for g in iter_graphs(inferred.graph):
-            for vi in list(g.input) + list(g.value_info) + list(g.output):
-                if vi.type.HasField("tensor_type"):
-                    types[vi.name] = vi.type.tensor_type
-                else:
-                    element = _element_type(vi.type)
-                    if element is not None:
-                        elements[vi.name] = element
-            for init in g.initializer:
-                t = onnx.TypeProto.Tensor()
-                t.elem_type = init.data_type
-                types.setdefault(init.name, t)
-        return types, elements
-
     def _declared_torch_dtype(self, name: str, elements: bool = False) -> torch.dtype | None:
-        t = self._value_types.get(name)
-        if t is None and elements:
-            t = self._element_types.get(name)
-        if t is None or not t.elem_type:
-            return None
-        try:
-            return DType(t.elem_type).torch
-        except ValueError:
-            return None
+        return self._facts.declared_torch_dtype(name, elements)
 
     def _validate_overrides(self) -> None:
-        names = self._node_names
+        if not self._overrides:
+            return
+        names, op_types = self._facts.names
         for key, value in self._overrides.items():
             if not (isinstance(key, tuple | str) or callable(key)):
                 raise TypeError(f"kernels key {key!r} is not valid; {_KEY_HELP}")
             if isinstance(key, tuple) and (len(key) != 2 or not all(isinstance(p, str) for p in key)):
                 raise TypeError(f"kernels key {key!r}: an op type is a (domain, op_type) pair such as ('', 'MatMul')")
-            if isinstance(key, str) and key not in names and key not in self._op_types:
+            if isinstance(key, str) and key not in names and key not in op_types:
                 raise KeyError(f"kernels key {key!r} names no node and no op type of this model; node names: {sorted(names)[:20]}")
             if not (value in ("torch", "ort") or value in _COMPUTE_IN or callable(value)):
                 raise ValueError(f"kernels[{key!r}] = {value!r} is not valid; {_KEY_HELP}")
@@ -718,21 +925,25 @@ class TorchEvaluator:
         key = (node.domain or "", node.op_type)
         if key in self._overrides:
             return self._overrides[key]
-        if node.op_type in self._overrides and node.op_type not in self._node_names:
+        if node.op_type in self._overrides and node.op_type not in self._facts.names[0]:
             return self._overrides[node.op_type]
         for k, v in self._overrides.items():
             if callable(k) and not isinstance(k, tuple | str) and k(node):
                 return v
         return None
 
-    def _add_node(self, node: onnx.NodeProto, inherited: str | None) -> tuple[Kernel | None, tuple[str, ...]]:
-        """The node's kernel and the names its run takes: the node's inputs, then the outer-scope values
-        its subgraphs read (a kernel with a body gets those as extra positional inputs, so that the plan
-        keeps them alive until it runs and frees them after)."""
+    def _add_node(self, node: onnx.NodeProto, inherited: str | None, prior: Kernel | None = None, node_inputs: tuple[str, ...] | None = None) -> tuple[Kernel | None, tuple[str, ...]]:
+        """The node's kernel and the names its run takes: the node's inputs (`node_inputs`, when known),
+        then the outer-scope values its subgraphs read (a kernel with a body gets those as extra positional
+        inputs, so that the plan keeps them alive until it runs and frees them after). `prior`: the node's
+        kernel in a base evaluator (`with_compute_dtype`), which a registry kernel of its class may reuse."""
         at = len(self._records)
         self._records.append((node, None, ()))  # a node comes before the nodes of its body
-        k = self._make_kernel(node, inherited)
-        ins = tuple(node.input) + tuple(getattr(k, "outer_inputs", ()))
+        k = self._make_kernel(node, inherited, prior)
+        ins = tuple(node.input) if node_inputs is None else node_inputs
+        outer = getattr(k, "outer_inputs", None)
+        if outer:
+            ins += tuple(outer)
         self._records[at] = (node, k, ins)
         return k, ins
 
@@ -748,12 +959,20 @@ class TorchEvaluator:
         self._subgraphs.append(sg)
         return sg
 
-    def _make_kernel(self, node: onnx.NodeProto, inherited: str | None) -> Kernel | None:
-        override = self._override_for(node)
+    def _make_kernel(self, node: onnx.NodeProto, inherited: str | None, prior: Kernel | None = None) -> Kernel | None:
+        override = self._override_for(node) if self._overrides else None
         if override is None:
             override = inherited
         domain = node.domain or ""
-        ctx = self._context(domain)
+        ctx = self._ctxs.get((domain, None)) or self._context(domain)
+        if override is None:  # most nodes: the registry's kernel
+            cls = lookup(domain, node.op_type, ctx.opset)
+            if cls is not None:
+                if prior is not None and type(prior) is cls:
+                    k = prior.for_context(ctx)
+                    if k is not None:
+                        return k
+                return cls(node, ctx)
         if callable(override):
             return _CallableKernel(node, ctx, override)
         cls = lookup(domain, node.op_type, ctx.opset)
@@ -776,12 +995,12 @@ class TorchEvaluator:
             if self.compute_dtype is not None:
                 out_dtypes = [self.compute_dtype if dt is not None and dt.is_floating_point else dt for dt in out_dtypes]
             return _ComputeInKernel(node, ctx, cls(node, wide), out_dtypes, dtype)
-        return cls(node, ctx)
+        return cls(node, ctx)  # "torch"
 
     def _ort_kernel(self, node: onnx.NodeProto, ctx: KernelContext) -> Kernel:
         from .ort_kernel import OrtKernel
 
-        return OrtKernel(node, ctx, self.opsets, self._value_types)
+        return OrtKernel(node, ctx, self.opsets, self._facts.value_types)
 
     def iter_kernels(self) -> Iterator[tuple[onnx.NodeProto, Kernel, tuple[str, ...]]]:
         """Every node with its kernel and the value names its kernel's `run` takes (the node's inputs, then
@@ -791,6 +1010,18 @@ class TorchEvaluator:
         for node, k, ins in self._records:
             assert k is not None
             yield node, k, ins
+
+    @property
+    def _foldable(self) -> frozenset[int]:
+        if self._fold is None:
+            self._fold = self._fold_analysis()
+        return self._fold[0]
+
+    @property
+    def _guarded_sources(self) -> frozenset[int]:
+        if self._fold is None:
+            self._fold = self._fold_analysis()
+        return self._fold[1]
 
     def _fold_analysis(self) -> tuple[frozenset[int], frozenset[int]]:
         """The main graph's nodes whose values depend only on the feeds' shapes, initializers and constants
@@ -804,27 +1035,24 @@ class TorchEvaluator:
         shaped = set(self.input_types) | static  # values whose shapes the feeds' shapes fix
         foldable: set[int] = set()
         guarded: set[int] = set()
-        for i, (node, k, ins) in enumerate(zip(self.nodes, self._kernels, self._inputs, strict=True)):
-            domain = node.domain if node.domain != "ai.onnx" else ""
-            if (
-                domain
-                or node.op_type in _NONDETERMINISTIC
-                or has_subgraph(node)
-                or self._override_for(node) is not None
-                or type(k) is not lookup(domain, node.op_type, self.opsets.get(domain, 1))
-            ):
+        facts = self._facts
+        opset = self.opsets.get("", 1)
+        overridden = self._override_for if self._overrides else None
+        candidates = facts.fold_candidates(self._kernels)
+        for i, (op, outs, k, ins) in enumerate(zip(facts.op_types, facts.outputs, self._kernels, self._inputs, strict=True)):
+            if not candidates[i] or type(k) is not lookup("", op, opset) or (overridden is not None and overridden(self.nodes[i]) is not None):
                 continue
-            by_values = _SHAPE_ONLY.get(node.op_type)
+            by_values = _SHAPE_ONLY.get(op)
             if by_values is not None and all(x in shaped for x in ins if x) and all(ins[j] in static for j in by_values if j < len(ins) and ins[j]):
-                shaped.update(o for o in node.output if o)
-            if node.op_type in _SHAPE_SOURCES and len(ins) == 1 and ins[0]:
+                shaped.update(outs)
+            if op in _SHAPE_SOURCES and len(ins) == 1 and ins[0]:
                 if ins[0] not in shaped:
                     guarded.add(i)
             elif not all(x in static for x in ins if x):
                 continue
             foldable.add(i)
-            static.update(o for o in node.output if o)
-            shaped.update(o for o in node.output if o)
+            static.update(outs)
+            shaped.update(outs)
         return frozenset(foldable), frozenset(guarded)
 
     def _shape_plans(self, key: tuple[tuple[str, ...], bool], plain: _Plan) -> _ShapePlans | None:
@@ -840,12 +1068,12 @@ class TorchEvaluator:
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        produced = {o for n in self.nodes for o in n.output if o}
+        produced = {o for outs in self._facts.outputs for o in outs}
         known = set(self.input_types) | set(self._initializers)
         for name in outputs:
             if name not in produced and name not in known:
                 raise KeyError(f"{name!r} is not a value of this graph; outputs: {self.output_names}")
-        self._plans[key] = plan = _build_plan(self.nodes, self._kernels, self._inputs, outputs, keep_all, static=self._initializers)
+        self._plans[key] = plan = _build_plan(self._facts.node_outputs, self._kernels, self._inputs, outputs, keep_all, static=self._initializers)
         return plan
 
     def _prepare_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:

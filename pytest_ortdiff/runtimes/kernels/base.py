@@ -15,6 +15,7 @@ import onnx
 import torch
 
 from ...dtypes import DType
+from ..tensors import from_onnx_tensor
 
 __all__ = ["REGISTRY", "Kernel", "KernelContext", "UnsupportedVariantError", "kernel", "lookup"]
 
@@ -40,18 +41,13 @@ class KernelContext:
 
     def tensor(self, value: Any, onnx_type: int | None = None) -> torch.Tensor:
         """A tensor from an onnx TensorProto or a numpy array, on the device, promoted in oracle mode."""
-        if isinstance(value, onnx.TensorProto):
-            from ..tensors import from_onnx_tensor
-
-            t = from_onnx_tensor(value)
-        else:
-            t = torch.as_tensor(value)
+        t = from_onnx_tensor(value) if isinstance(value, onnx.TensorProto) else torch.as_tensor(value)
         # float8 values stay float8 in the oracle: their rounding is the model's arithmetic (as int8's is)
         if self.compute_dtype is not None and t.is_floating_point() and t.element_size() >= 2:
             t = t.to(self.compute_dtype)
         elif onnx_type is not None:
             t = t.to(self.torch_dtype(onnx_type))
-        return t.to(self.device)
+        return t if t.device == self.device else t.to(self.device)
 
 
 class Kernel:
@@ -93,12 +89,23 @@ class Kernel:
         evaluator calls `run`, whose fallbacks or error decide. None (the default): `run` runs."""
         return None
 
+    def for_context(self, ctx: KernelContext) -> Kernel | None:
+        """This kernel's node for another context (the evaluator's float64 twin: another compute dtype,
+        the same device and opset), built from what this kernel worked out where that is cheaper than
+        `type(self)(self.node, ctx)` and gives the same kernel: a new kernel sharing no state that a run
+        changes. The evaluator asks only when this kernel's compute dtype is None or `ctx`'s. None (the
+        default): it builds the kernel anew."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.domain or 'ai.onnx'}::{self.op_type}, since={self.since})"
 
 
 # (domain, op_type) -> sorted list of (since, kernel class)
 REGISTRY: dict[tuple[str, str], list[tuple[int, type[Kernel]]]] = {}
+# lookup's answers: every node of a model asks, most of them the same few questions (a registration
+# clears it)
+_LOOKED_UP: dict[tuple[str, str, int], type[Kernel] | None] = {}
 
 
 def kernel(op_type: str, since: int = 1, domain: str = "") -> Callable[[type[Kernel]], type[Kernel]]:
@@ -112,6 +119,7 @@ def kernel(op_type: str, since: int = 1, domain: str = "") -> Callable[[type[Ker
         if any(v == since for v, _ in versions):
             raise ValueError(f"two kernels registered for {domain or 'ai.onnx'}::{op_type} since {since}")
         bisect.insort(versions, (since, cls), key=lambda vc: vc[0])
+        _LOOKED_UP.clear()
         return cls
 
     return register
@@ -119,13 +127,18 @@ def kernel(op_type: str, since: int = 1, domain: str = "") -> Callable[[type[Ker
 
 def lookup(domain: str, op_type: str, opset: int) -> type[Kernel] | None:
     """The kernel with the highest `since` that is at most `opset`, or None."""
+    key = (domain, op_type, opset)
+    try:
+        return _LOOKED_UP[key]
+    except KeyError:
+        pass
     versions = REGISTRY.get((domain, op_type))
-    if not versions:
-        return None
-    i = bisect.bisect_right([v for v, _ in versions], opset)
-    if i == 0:
-        return None
-    return versions[i - 1][1]
+    found = None
+    if versions:
+        i = bisect.bisect_right([v for v, _ in versions], opset)
+        found = versions[i - 1][1] if i else None
+    _LOOKED_UP[key] = found
+    return found
 
 
 def known_ops() -> list[str]:

@@ -90,6 +90,7 @@ _FLOAT = onnx.TensorProto.FLOAT
 
 
 _INT64 = onnx.TensorProto.INT64
+_KNOWN_TYPES = frozenset(d.value for d in DType)  # the element types a Constant may hold
 
 
 @kernel("Constant", since=1)
@@ -104,11 +105,9 @@ class Constant(Kernel):
         attrs = self.attrs
         if "value" in attrs:
             proto: onnx.TensorProto = attrs["value"]
-            try:
-                DType(proto.data_type)
-            except ValueError:
+            if proto.data_type not in _KNOWN_TYPES:
                 name = onnx.TensorProto.DataType.Name(proto.data_type)
-                raise UnsupportedVariantError(f"Constant of element type {name}") from None
+                raise UnsupportedVariantError(f"Constant of element type {name}")
             return ctx.tensor(proto)
         if "value_float" in attrs:
             return ctx.tensor(np.float32(attrs["value_float"]), _FLOAT)
@@ -124,6 +123,19 @@ class Constant(Kernel):
                     f"Constant with {refused}: strings and sparse tensors are not torch tensors here"
                 )
         raise ValueError(f"Constant node {self.node.name!r} has no value attribute")
+
+    def for_context(self, ctx: KernelContext) -> Constant | None:
+        # the value as decoded, promoted as `ctx.tensor` promotes it (a TorchScript export holds hundreds
+        # of constants: decoding them again was most of a float64 twin's build)
+        if ctx.device != self.ctx.device or self.ctx.compute_dtype not in (None, ctx.compute_dtype):
+            return None
+        twin = Constant.__new__(Constant)
+        twin.node, twin.ctx, twin.attrs = self.node, ctx, dict(self.attrs)
+        value = self.value
+        if ctx.compute_dtype is not None and value.is_floating_point() and value.element_size() >= 2:
+            value = value.to(ctx.compute_dtype)
+        twin.value = value
+        return twin
 
     def run(self) -> tuple[torch.Tensor, ...]:
         return (self.value,)
