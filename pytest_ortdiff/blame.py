@@ -894,7 +894,7 @@ def blame(
     oracle_out: list[torch.Tensor] | None = None
     table_oracle: dict[str, OracleError] = {}
     if oracle:
-        ev64 = _oracle(m, device, kernels, extra)
+        ev64 = _oracle(base, kernels)
         # (observe: the plain plan, run once; a first run otherwise also records a shape-specialised plan
         # for the runs to come, and there are none)
         oracle_out = _to_declared(ev64.run(None, feeds, observe=_ignore), declared)
@@ -1148,16 +1148,16 @@ def node_scope(node: onnx.NodeProto) -> str:
     return ""
 
 
-def _oracle(m: onnx.ModelProto, device: Any, kernels: Mapping[Any, Any], extra: Mapping[str, Any]) -> TorchEvaluator:
-    """The float64 evaluator. The user's kernels under test stay out of it; only the overrides that
-    name a runtime ("ort" for an op without a torch kernel, ...) go in, and a callable only where the
-    oracle cannot be built without it (an op no runtime here has)."""
+def _oracle(base: TorchEvaluator, kernels: Mapping[Any, Any]) -> TorchEvaluator:
+    """The float64 evaluator: the built one's twin (its model, checks, types and decoded tensors reused).
+    The user's kernels under test stay out of it; only the overrides that name a runtime ("ort" for an
+    op without a torch kernel, ...) go in, and a callable only where the oracle cannot be built without
+    it (an op no runtime here has)."""
     named = {k: v for k, v in kernels.items() if isinstance(v, str)}
-    # (the torch evaluator built from this model has checked it already)
     try:
-        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=named, check_model=False, **extra)
+        return base.with_compute_dtype(torch.float64, kernels=named)
     except MissingKernelError:
-        return TorchEvaluator(m, device=device, compute_dtype=torch.float64, kernels=kernels, check_model=False, **extra)
+        return base.with_compute_dtype(torch.float64, kernels=dict(kernels))
 
 
 def _torch_values(ev: TorchEvaluator, m: onnx.ModelProto, feeds: Mapping[str, Any]) -> dict[str, Any]:
