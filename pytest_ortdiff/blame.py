@@ -14,6 +14,7 @@ import math
 import operator
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
@@ -578,8 +579,7 @@ class _Graph:
         """Each node's share of a run's time, by a model of it (deterministic, unlike a clock): a fixed cost
         per node (the evaluator's dispatch, a few µs), plus one per element read or written, plus one per
         multiply-add of the ops that do many per element (MatMul, Gemm, Conv), in ns of a typical CPU core
-        (3,000 + 0.15 per element + 0.02 per multiply-add). Normalised to sum to 1: a swap's cost is then
-        the fraction of a graph run it redoes at most."""
+        (3,000 + 0.15 per element + 0.02 per multiply-add)."""
         cost = np.empty(len(self.nodes), np.float64)
         for i, node in enumerate(self.nodes):
             elements = 0
@@ -588,7 +588,7 @@ class _Graph:
                 if isinstance(t, torch.Tensor):
                     elements += t.numel()
             cost[i] = 3000.0 + 0.15 * elements + 0.02 * _multiply_adds(node, values)
-        return cost / cost.sum()
+        return cost
 
 
 def _multiply_adds(node: onnx.NodeProto, values: Mapping[str, Any]) -> int:
@@ -609,6 +609,10 @@ def _multiply_adds(node: onnx.NodeProto, values: Mapping[str, Any]) -> int:
     if node.op_type == "Conv":
         return y.numel() * (w.numel() // max(1, w.shape[0]))  # (C_in/group x kernel per output element)
     return a.numel() * (w.numel() // max(1, w.shape[0]))  # ConvTranspose: per input element
+
+
+#: swaps modelled (`_Graph.costs`) to take less than this in all always run exactly: 50 ms
+_EXACT_FLOOR_NS = 50e6
 
 
 def _weight(bits: int, costs: np.ndarray) -> float:
@@ -847,7 +851,7 @@ def blame(
     oracle: bool = True,
     tolerance: Tolerance | None = None,
     missing: Literal["error", "ort"] = "error",
-    budget: float | None = 20.0,
+    budget: float | None = 5.0,
 ) -> BlameTable:
     """Swap every node to onnxruntime in turn and measure how much of the torch/onnxruntime gap it explains.
 
@@ -868,7 +872,10 @@ def blame(
     first order (one backward pass through the torch run; an op type's is its nodes' estimates summed), and
     the swaps run exactly in the order of that estimate until the budget is spent (the 3 first nodes and
     the first op type always); the other rows keep the estimate
-    (`BlameRow.exact` False). None: every swap runs exactly.
+    (`BlameRow.exact` False). Default 5: in time about twice that (the model leaves out the swaps' own
+    bookkeeping). Whatever the budget, swaps modelled to take under 50 ms in all run exactly, so a small
+    graph's table is exact throughout. 0: only the 3 nodes and the op type ranked first run (the floor of
+    the cost). None: every swap runs exactly.
     """
     m = load_model(model)
     provider = parse_provider(provider)
@@ -876,32 +883,52 @@ def blame(
     kernels = dict(kernels or {})
     extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
     clock = _Clock()
-    base = TorchEvaluator(m, device=device, kernels=kernels, **extra)
-    clock.lap("torch evaluator built")
-    outputs = list(base.output_names)
-    declared = [base.output_dtypes.get(o) for o in outputs]
-    label = dtype_of(dtype).short if dtype is not None else _first_float_dtype(declared)
+    # onnxruntime's two sessions run in a thread beside the torch evaluator's work (both release the GIL
+    # while they compute): on a machine with a core to spare they cost little wall time. The second
+    # session waits for the torch run (its feeds are the torch run's values).
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortdiff-blame")
+    try:
+        ort_future = helper.submit(ort_intermediates, m, feeds, provider)
+        base = TorchEvaluator(m, device=device, kernels=kernels, **extra)
+        clock.lap("torch evaluator built")
+        outputs = list(base.output_names)
+        declared = [base.output_dtypes.get(o) for o in outputs]
+        label = dtype_of(dtype).short if dtype is not None else _first_float_dtype(declared)
+        torch_all = _torch_values(base, m, feeds)
+        clock.lap("torch run (every value)")
+        torch_out = [torch_all[o] for o in outputs]
 
-    ort_all = ort_intermediates(m, feeds, provider)
-    clock.lap("onnxruntime run (every value)")
+        # node names the evaluator can be keyed by: unnamed nodes get one on a copy of the model
+        named = onnx.ModelProto()
+        named.CopyFrom(m)
+        for i, node in enumerate(named.graph.node):
+            if not node.name:
+                node.name = node_key(node, i)
+        graph = _Graph(base)
+        local_future = helper.submit(_local_outputs, named, graph, torch_all, provider, base.opsets)
+        clock.lap("graph")
+
+        oracle_out: list[torch.Tensor] | None = None
+        if oracle:
+            ev64 = _oracle(base, kernels)
+            # (observe: the plain plan, run once; a first run otherwise also records a shape-specialised
+            # plan for the runs to come, and there are none)
+            oracle_out = _to_declared(ev64.run(None, feeds, observe=_ignore), declared)
+            clock.lap("float64 oracle")
+        ort_all = ort_future.result()
+        clock.lap("onnxruntime run (every value), waited for")
+        local = local_future.result()
+        clock.lap("onnxruntime local outputs (one session), waited for")
+    finally:
+        helper.shutdown(wait=False, cancel_futures=True)  # (after an error: what still runs ends on its own)
     ort_out = [ort_all[o] for o in outputs]
-    torch_all = _torch_values(base, m, feeds)
-    clock.lap("torch run (every value)")
-    torch_out = [torch_all[o] for o in outputs]
     gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
     gap_mean = gap.mean_abs
-
-    oracle_out: list[torch.Tensor] | None = None
     table_oracle: dict[str, OracleError] = {}
-    if oracle:
-        ev64 = _oracle(base, kernels)
-        # (observe: the plain plan, run once; a first run otherwise also records a shape-specialised plan
-        # for the runs to come, and there are none)
-        oracle_out = _to_declared(ev64.run(None, feeds, observe=_ignore), declared)
+    if oracle_out is not None:
         for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
             r = compare(oracle_out, outs)
             table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
-        clock.lap("float64 oracle")
 
     def measured(sub: list[Any]) -> tuple[float, float, float, float | None, float | None]:
         vs_ort = _errors(sub, ort_out, ulp=False)
@@ -913,22 +940,11 @@ def blame(
             o_abs, o_ulp = r.max_abs, r.max_ulp
         return explained, vs_ort.max_abs, vs_torch.max_abs, o_abs, o_ulp
 
-    # node names the evaluator can be keyed by: unnamed nodes get one on a copy of the model
-    named = onnx.ModelProto()
-    named.CopyFrom(m)
-    for i, node in enumerate(named.graph.node):
-        if not node.name:
-            node.name = node_key(node, i)
-
     def substituted(keys: list[str]) -> tuple[float, float, float, float | None, float | None]:
         # the whole graph again: only for swaps of control flow and of nodes reading sequences
         ev = TorchEvaluator(named, device=device, kernels={**kernels, **dict.fromkeys(keys, "ort")}, check_model=False, **extra)
         return measured(ev.run(None, feeds))
 
-    graph = _Graph(base)
-    clock.lap("graph")
-    local = _local_outputs(named, graph, torch_all, provider, base.opsets)
-    clock.lap("onnxruntime local outputs (one session)")
     unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
 
     no_ops: dict[int, bool] = {}
@@ -961,9 +977,14 @@ def blame(
     run_exactly, ops_exactly = set(candidates), set(op_candidates)
     if budget is not None and (candidates or op_candidates) and gap_mean > 0:
         # a swap costs at most the nodes it may run again, weighted by their share of a run's time
-        reach, costs = graph.reach(), graph.costs(torch_all)
+        reach, ns = graph.reach(), graph.costs(torch_all)
+        costs = ns / ns.sum()  # in runs of the graph: a swap's cost is the fraction of a run it redoes at most
         node_cost = {i: _weight(reach[i], costs) for i in candidates}
         op_cost = {op: _weight(functools.reduce(operator.or_, (reach[i] for i in members_of[op])), costs) for op in op_candidates}
+        # swaps modelled to take under _EXACT_FLOOR_NS in all run exactly whatever the budget (0 aside): a
+        # small graph is blamed exactly (its runs take microseconds)
+        if budget > 0:
+            budget = max(budget, _EXACT_FLOOR_NS / float(ns.sum()))
         if sum(node_cost.values()) + sum(op_cost.values()) > budget:
             shares = _first_order(graph, torch_all, local, candidates, outputs, ort_out, gap_mean)
             clock.lap("first-order estimate")
@@ -1095,8 +1116,10 @@ def _first_order(
         if gr is None:
             continue
         reached.add(i)
-        delta = torch.nan_to_num((theirs.detach() - values[o]).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
-        slopes[i] += float((gr.to(torch.float64) * delta).sum())
+        # in float32 (float64 for float64 values): an estimate, one pass cheaper per candidate than float64
+        w = torch.float64 if theirs.dtype == torch.float64 else torch.float32
+        delta = torch.nan_to_num_(theirs.detach().to(w) - values[o].to(w), nan=0.0, posinf=0.0, neginf=0.0)
+        slopes[i] += float(torch.dot(gr.to(w).reshape(-1), delta.reshape(-1)))
     return {i: -slope / gap_mean if i in reached else 0.0 for i, slope in slopes.items()}
 
 
