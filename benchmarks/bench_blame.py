@@ -9,8 +9,8 @@ CPU, torch on one thread (`--threads`), at two tensor sizes (`--shape`):
 - toy: hidden 64, batch 2, sequence 16: ~3 ms per 1,000 nodes, where per-node costs that do not shrink
   with the tensors (building the evaluator, onnxruntime's session creation: ~15 runs' worth each) dominate.
 
-Per graph: one `TorchEvaluator.run` (the fastest of 15), one `blame()` (the float64 oracle included, as a
-user gets it, onnxruntime imported beforehand), and their ratio: blame's time in evaluator runs' worth, in
+Per graph: one `TorchEvaluator.run` (the fastest of 15), one `blame()` (the fastest of 3; the float64
+oracle included, as a user gets it, onnxruntime imported beforehand), and their ratio: blame's time in evaluator runs' worth, in
 wall-clock time and in the process's CPU time (on a shared machine the CPU time says less about the
 neighbours). Also the nodes the swaps ran again (all swaps together, in graph runs' worth), how many nodes
 were skipped because onnxruntime's output is bit-identical to torch's, and blame's phases in runs' worth
@@ -107,9 +107,16 @@ def measure(layers: int, hidden: int, seq: int, budget: float, show: bool) -> No
         cpu.append(time.process_time() - c)
     run = min(times)  # the machine is shared: the fastest run is the least disturbed one
     run_cpu = sorted(cpu)[len(cpu) // 2]
-    t, c = time.perf_counter(), time.process_time()
-    table = blame(model, feeds, budget=budget)
-    took, took_cpu = time.perf_counter() - t, time.process_time() - c
+    # blame 3 times, the fastest counted (as for the run: the least disturbed one); its phases are that one's
+    best = None
+    for _ in range(3):
+        t, c = time.perf_counter(), time.process_time()
+        got = blame(model, feeds, budget=budget)
+        took_i, cpu_i = time.perf_counter() - t, time.process_time() - c
+        if best is None or took_i < best[0]:
+            best = (took_i, cpu_i, got)
+    assert best is not None
+    took, took_cpu, table = best
     n = len(model.graph.node)
     skipped = sum(r.skipped for r in table)
     print(f"{layers:>6} {n:>6} {run * 1e3:>8.1f} {took:>8.2f} {took / run:>6.1f} {took_cpu / run_cpu:>9.1f} {table.nodes_recomputed / n:>9.1f} r {skipped:>8}", flush=True)

@@ -611,8 +611,9 @@ def _multiply_adds(node: onnx.NodeProto, values: Mapping[str, Any]) -> int:
     return a.numel() * (w.numel() // max(1, w.shape[0]))  # ConvTranspose: per input element
 
 
-#: swaps modelled (`_Graph.costs`) to take less than this in all always run exactly: 50 ms
-_EXACT_FLOOR_NS = 50e6
+#: swaps modelled (`_Graph.costs`) to take less than this in all always run exactly: 5 ms (a graph whose
+#: whole blame takes milliseconds gets an exact table; a larger one's budget is in runs of it)
+_EXACT_FLOOR_NS = 5e6
 
 
 def _weight(bits: int, costs: np.ndarray) -> float:
@@ -780,6 +781,22 @@ class _Swapper:
     def __init__(self, graph: _Graph, values: Mapping[str, Any], local: Mapping[int, tuple[Any, ...]], outputs: Sequence[str], opsets: Mapping[str, int]) -> None:
         self.graph, self.values, self.local, self.outputs, self.opsets = graph, values, local, list(outputs), dict(opsets)
         self._ort: dict[bytes, OrtKernel] = {}  # one onnxruntime kernel per (op, attributes, outputs) shape of node
+        # the values each node is the last to read (the graph's outputs aside): a swap drops its changed
+        # values there, so that it holds the values in flight, not every value downstream of the swap (on a
+        # graph of thousands of nodes, memory the system would otherwise have to hand out again each swap)
+        last: dict[str, int] = {}
+        for i, ins in enumerate(graph.inputs):
+            for x in ins:
+                if x:
+                    last[x] = i
+        kept = set(self.outputs)
+        self._frees: list[tuple[str, ...]] = [() for _ in graph.nodes]
+        by_node: dict[int, list[str]] = {}
+        for x, i in last.items():
+            if x not in kept:
+                by_node.setdefault(i, []).append(x)
+        for i, xs in by_node.items():
+            self._frees[i] = tuple(xs)
         #: nodes run (torch or onnxruntime) by all swaps so far
         self.executed = 0
 
@@ -793,7 +810,7 @@ class _Swapper:
 
     def run(self, swapped: Collection[int]) -> list[Any]:
         """The graph's outputs with `swapped` on onnxruntime (each must have a local output)."""
-        g, base, local = self.graph, self.values, self.local
+        g, base, local, frees = self.graph, self.values, self.local, self._frees
         runs, inputs, outputs, consumers = g.runs, g.inputs, g.outputs, g.consumers
         changed: dict[str, Any] = {}
         get, base_get = changed.get, base.get
@@ -836,6 +853,8 @@ class _Swapper:
                     dirty[j] = 1
                     if j > last:
                         last = j
+            for x in frees[i]:
+                changed.pop(x, None)
             i += 1
         self.executed += executed
         return [get(o, base_get(o)) for o in self.outputs]
@@ -873,7 +892,7 @@ def blame(
     the swaps run exactly in the order of that estimate until the budget is spent (the 3 first nodes and
     the first op type always); the other rows keep the estimate
     (`BlameRow.exact` False). Default 5: in time about twice that (the model leaves out the swaps' own
-    bookkeeping). Whatever the budget, swaps modelled to take under 50 ms in all run exactly, so a small
+    bookkeeping). Whatever the budget, swaps modelled to take under 5 ms in all run exactly, so a small
     graph's table is exact throughout. 0: only the 3 nodes and the op type ranked first run (the floor of
     the cost). None: every swap runs exactly.
     """
@@ -883,18 +902,23 @@ def blame(
     kernels = dict(kernels or {})
     extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
     clock = _Clock()
-    # onnxruntime's two sessions run in a thread beside the torch evaluator's work (both release the GIL
-    # while they compute): on a machine with a core to spare they cost little wall time. The second
-    # session waits for the torch run (its feeds are the torch run's values).
-    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortdiff-blame")
+    # onnxruntime's two sessions and the float64 oracle run in two threads beside the torch run and the
+    # first-order pass (kernels release the GIL while they compute): on a machine with cores to spare
+    # they cost little wall time. The second session waits for the torch run (its feeds are the torch
+    # run's values); the oracle is read only by the swaps' rows.
+    helper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ortdiff-blame")
     try:
         ort_future = helper.submit(ort_intermediates, m, feeds, provider)
         base = TorchEvaluator(m, device=device, kernels=kernels, **extra)
         clock.lap("torch evaluator built")
         outputs = list(base.output_names)
         declared = [base.output_dtypes.get(o) for o in outputs]
+        # the float64 oracle in a thread of its own: only the swaps' rows read it
+        oracle_future = helper.submit(_oracle_outputs, base, kernels, feeds, declared) if oracle else None
         label = dtype_of(dtype).short if dtype is not None else _first_float_dtype(declared)
-        torch_all = _torch_values(base, m, feeds)
+        # every value of one torch run, through the plain plan (a run that happens once records no
+        # shape-specialised plan)
+        torch_all: dict[str, Any] = base.run(None, feeds, intermediates=True, specialise=False)
         clock.lap("torch run (every value)")
         torch_out = [torch_all[o] for o in outputs]
 
@@ -908,27 +932,18 @@ def blame(
         local_future = helper.submit(_local_outputs, named, graph, torch_all, provider, base.opsets)
         clock.lap("graph")
 
-        oracle_out: list[torch.Tensor] | None = None
-        if oracle:
-            ev64 = _oracle(base, kernels)
-            # (observe: the plain plan, run once; a first run otherwise also records a shape-specialised
-            # plan for the runs to come, and there are none)
-            oracle_out = _to_declared(ev64.run(None, feeds, observe=_ignore), declared)
-            clock.lap("float64 oracle")
         ort_all = ort_future.result()
         clock.lap("onnxruntime run (every value), waited for")
         local = local_future.result()
         clock.lap("onnxruntime local outputs (one session), waited for")
-    finally:
-        helper.shutdown(wait=False, cancel_futures=True)  # (after an error: what still runs ends on its own)
+    except BaseException:
+        helper.shutdown(wait=False, cancel_futures=True)  # what still runs ends on its own
+        raise
     ort_out = [ort_all[o] for o in outputs]
     gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
     gap_mean = gap.mean_abs
+    oracle_out: list[torch.Tensor] | None = None
     table_oracle: dict[str, OracleError] = {}
-    if oracle_out is not None:
-        for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
-            r = compare(oracle_out, outs)
-            table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
 
     def measured(sub: list[Any]) -> tuple[float, float, float, float | None, float | None]:
         vs_ort = _errors(sub, ort_out, ulp=False)
@@ -944,8 +959,6 @@ def blame(
         # the whole graph again: only for swaps of control flow and of nodes reading sequences
         ev = TorchEvaluator(named, device=device, kernels={**kernels, **dict.fromkeys(keys, "ort")}, check_model=False, **extra)
         return measured(ev.run(None, feeds))
-
-    unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
 
     no_ops: dict[int, bool] = {}
 
@@ -1003,6 +1016,18 @@ def blame(
                 if spent + c <= budget:
                     (run_exactly if kind == 0 else ops_exactly).add(what)
                     spent += c
+    # the oracle's outputs: the thread computing them has had the torch run and the first-order pass to do it
+    try:
+        if oracle_future is not None:
+            oracle_out = oracle_future.result()
+    finally:
+        helper.shutdown(wait=False)
+    clock.lap("float64 oracle, waited for")
+    if oracle_out is not None:
+        for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
+            r = compare(oracle_out, outs)
+            table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
+    unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
     # a large graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
     with progress.bar(len(named.graph.node), "ortdiff blame", unit="node", min_total=progress.BLAME_MIN_NODES) as shown:
         for i, node in enumerate(named.graph.node):
@@ -1183,20 +1208,10 @@ def _oracle(base: TorchEvaluator, kernels: Mapping[Any, Any]) -> TorchEvaluator:
         return base.with_compute_dtype(torch.float64, kernels=dict(kernels))
 
 
-def _torch_values(ev: TorchEvaluator, m: onnx.ModelProto, feeds: Mapping[str, Any]) -> dict[str, Any]:
-    """Every value of one torch run of the main graph (initializers and feeds included), as
-    `run(..., intermediates=True)` gives them but for the values inside bodies, which blame never reads:
-    streamed by `observe` through the plain plan, as `intermediates=True` would make its first run record a
-    shape-specialised plan for the runs to come, and there are none (a third of the run's time)."""
-    values: dict[str, Any] = {}
-    asked = list(dict.fromkeys([*(i.name for i in m.graph.initializer), *ev.input_types, *ev.output_names]))
-    got = ev.run(asked, feeds, observe=lambda node, outs: values.update(outs))
-    values.update(zip(asked, got, strict=True))
-    return values
-
-
-def _ignore(node: onnx.NodeProto, outputs: Mapping[str, Any]) -> None:
-    """An observer that looks at nothing."""
+def _oracle_outputs(base: TorchEvaluator, kernels: Mapping[Any, Any], feeds: Mapping[str, Any], declared: Sequence[torch.dtype | None]) -> list[torch.Tensor]:
+    """The float64 oracle's outputs, in the model's declared dtypes, through the plain plan (a first run
+    would otherwise also record a shape-specialised plan for the runs to come, and there are none)."""
+    return _to_declared(_oracle(base, kernels).run(None, feeds, specialise=False), declared)
 
 
 def _first_float_dtype(dtypes: Sequence[torch.dtype | None]) -> str:

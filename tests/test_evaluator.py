@@ -584,6 +584,18 @@ def test_shape_specialised_plan_is_bit_identical_at_every_shape_signature(dynamo
     assert {"Shape", "Range", "Trilu", "Concat"} <= folded  # the shape arithmetic and the mask did fold
 
 
+def test_specialise_false_runs_the_plain_plan_records_nothing_and_gives_the_same_bits(dynamo_dynamic: onnx.ModelProto) -> None:
+    ev, plain = TorchEvaluator(dynamo_dynamic), _plain(dynamo_dynamic)
+    name = dynamo_dynamic.graph.input[0].name
+    feeds = {name: torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(3))}
+    (y,) = ev.run(None, feeds, specialise=False)
+    got = ev.run(None, feeds, intermediates=True, specialise=False)
+    assert not ev._shaped  # no signature recorded, for either output set
+    want = plain.run(None, feeds, intermediates=True)
+    assert torch.equal(y, plain.run(None, feeds)[0]) and got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+
+
 def _view_model() -> onnx.ModelProto:
     """Y = Reshape(X, Concat(Unsqueeze(Gather(Shape(X), 0)), [-1])): X flattened to [rows, -1]."""
     i64 = oh.make_tensor("zero", TP.INT64, [], [0])

@@ -1133,7 +1133,7 @@ class TorchEvaluator:
         kind = self._input_kinds.get(name)
         return _describe_type(kind) if kind is not None else _describe(self.input_types[name])
 
-    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], intermediates: bool = False, *, observe: Observer | None = None) -> Any:
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], intermediates: bool = False, *, observe: Observer | None = None, specialise: bool = True) -> Any:
         """Outputs as a list (in `output_names` order; None = the graph's outputs), or with
         `intermediates=True` a dict of every value computed (feeds included). Values computed inside a
         subgraph are in it too, by their names; a loop body's (Loop, Scan, SequenceMap) are those of its
@@ -1141,7 +1141,11 @@ class TorchEvaluator:
 
         `observe(node, outputs)` streams the intermediates instead: it is called after every top-level node
         the outputs depend on, in execution order, with `{name: value}` of the node's outputs, and each
-        value is freed as soon as no later node reads it (a body's values are not observed one by one)."""
+        value is freed as soon as no later node reads it (a body's values are not observed one by one).
+
+        `specialise=False`: run the plain plan and record no shape-specialised one (a first run with a new
+        feed-shape signature otherwise records one for the runs to come: for a run that happens once, such
+        as blame's, that recording costs more than it saves). The same values bit for bit."""
         outputs = tuple(output_names) if output_names else self._output_tuple
         key = (outputs, intermediates)
         plan = self._plans.get(key) or self._plan(outputs, intermediates)
@@ -1158,7 +1162,7 @@ class TorchEvaluator:
             except _NodeFailed as exc:
                 raise RuntimeError(str(exc)) from exc.__cause__
             return [values[o] for o in outputs]
-        shaped = self._shaped[key] if key in self._shaped else self._shape_plans(key, plan)
+        shaped = None if not specialise else self._shaped[key] if key in self._shaped else self._shape_plans(key, plan)
         try:
             with _BELOW_AUTOGRAD() if fast else contextlib.nullcontext():  # type: ignore[misc]
                 if shaped is None:
