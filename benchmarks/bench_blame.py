@@ -9,8 +9,9 @@ CPU, torch on one thread (`--threads`), at two tensor sizes (`--shape`):
 - toy: hidden 64, batch 2, sequence 16: ~3 ms per 1,000 nodes, where per-node costs that do not shrink
   with the tensors (building the evaluator, onnxruntime's session creation: ~15 runs' worth each) dominate.
 
-Per graph: one `TorchEvaluator.run` (the fastest of 15), one `blame()` (the fastest of 3; the float64
-oracle included, as a user gets it, onnxruntime imported beforehand), and their ratio: blame's time in evaluator runs' worth, in
+Per graph: one `TorchEvaluator.run` (the fastest of 15), one `blame()` (the fastest of 3, each cold:
+onnxruntime's session cache emptied before it; the float64 oracle included, as a user gets it, onnxruntime
+imported beforehand), and their ratio: blame's time in evaluator runs' worth, in
 wall-clock time and in the process's CPU time (on a shared machine the CPU time says less about the
 neighbours). Also the nodes the swaps ran again (all swaps together, in graph runs' worth), how many nodes
 were skipped because onnxruntime's output is bit-identical to torch's, and blame's phases in runs' worth
@@ -45,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_graphs
 
 from pytest_ortdiff import TorchEvaluator, blame
+from pytest_ortdiff.runtimes import ort as ort_module
 
 
 def stacked(layers: int, hidden: int = real_graphs.HIDDEN, seq: int = 16) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
@@ -107,9 +109,11 @@ def measure(layers: int, hidden: int, seq: int, budget: float, show: bool) -> No
         cpu.append(time.process_time() - c)
     run = min(times)  # the machine is shared: the fastest run is the least disturbed one
     run_cpu = sorted(cpu)[len(cpu) // 2]
-    # blame 3 times, the fastest counted (as for the run: the least disturbed one); its phases are that one's
+    # blame 3 times, each with onnxruntime's session cache emptied, the fastest counted (as for the run: the
+    # least disturbed one); its phases are that one's
     best = None
     for _ in range(3):
+        ort_module._SESSIONS.clear()  # cold, as a user's first blame of a model: every session created again
         t, c = time.perf_counter(), time.process_time()
         got = blame(model, feeds, budget=budget)
         took_i, cpu_i = time.perf_counter() - t, time.process_time() - c

@@ -13,8 +13,8 @@ import itertools
 import math
 import operator
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
@@ -635,19 +635,40 @@ def _onnx_type(dt: torch.dtype) -> int | None:
     return _ONNX_TYPES[dt]
 
 
-def _local_outputs(m: onnx.ModelProto, graph: _Graph, values: Mapping[str, Any], provider: str, opsets: Mapping[str, int]) -> dict[int, tuple[Any, ...]]:
+def _local_outputs(
+    m: onnx.ModelProto,
+    graph: _Graph,
+    values: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+    provider: str,
+    opsets: Mapping[str, int],
+    types: Mapping[str, onnx.TypeProto.Tensor] | None = None,
+) -> dict[int, tuple[Any, ...]]:
     """Every node's outputs computed by onnxruntime from the torch run's inputs, in one session: a model
     holding a copy of each node, its inputs renamed to graph inputs fed with the torch run's values (one
     per value: nodes reading the same value share it).
     Nodes carrying graphs (their bodies read outer-scope values) and nodes reading anything but tensors
-    are left out. Falls back to one session per node when onnxruntime refuses the combined model."""
-    picked: list[int] = []
-    for i, node in enumerate(graph.nodes):
-        if graph.subgraph[i]:
-            continue
-        ins = [values.get(x) for x in node.input if x]
-        if all(isinstance(t, torch.Tensor) and _onnx_type(t.dtype) is not None for t in ins):
-            picked.append(i)
+    are left out. Falls back to one session per node when onnxruntime refuses the combined model.
+
+    `types` (each value's declared type, from shape inference): the session is built from them before
+    the torch run's values are asked for (`values` may then be a callable that waits for them), so that
+    onnxruntime creates it while torch runs. A node reading a value of no known type is asked on its own
+    afterwards; a torch value of another type than its declared one makes the whole model again from the
+    values' own types."""
+    known: dict[str, int] | None = None
+    if types is not None:
+        known = {}
+        for name, t in types.items():
+            try:
+                torch_dt = DType(t.elem_type).torch if t.elem_type else None
+            except ValueError:
+                torch_dt = None
+            if torch_dt is not None and _onnx_type(torch_dt) == t.elem_type:
+                known[name] = t.elem_type
+        picked = [i for i, node in enumerate(graph.nodes) if not graph.subgraph[i] and all(x in known for x in node.input if x)]
+        vals: Mapping[str, Any] | None = None
+    else:
+        vals = values() if callable(values) else values
+        picked = _readable(graph, vals)
     # Constant nodes (a third of a TorchScript export) need no session: their output is their tensor
     constants: dict[int, tuple[Any, ...]] = {}
     for i in picked:
@@ -655,8 +676,53 @@ def _local_outputs(m: onnx.ModelProto, graph: _Graph, values: Mapping[str, Any],
         if value is not None:
             constants[i] = (value,)
     picked = [i for i in picked if i not in constants]
-    if not picked:
-        return constants
+    session = _combined_session(m, graph, picked, provider, known, vals) if picked else None
+    if vals is None:
+        vals = values() if callable(values) else values
+    got: dict[int, tuple[Any, ...]] = dict(constants)
+    if picked:
+        if session is None:  # onnxruntime refused the combined model: node by node, as before
+            got.update(_local_outputs_one_by_one(graph, picked, vals, opsets))
+        else:
+            runner, fed = session
+            feeds: dict[str, Any] = {name: vals.get(x) for x, name in fed.items()}
+            if known is not None and any(not isinstance(t, torch.Tensor) or _onnx_type(t.dtype) != known[x] for x, t in ((x, feeds[n]) for x, n in fed.items())):
+                return _local_outputs(m, graph, vals, provider, opsets)  # a value's type is not its declared one
+            try:
+                names = runner.output_names
+                out = dict(zip(names, _run_own_feeds(runner, names, feeds), strict=True))
+            except Exception:  # one node onnxruntime refuses in this form: ask node by node, as before
+                got.update(_local_outputs_one_by_one(graph, picked, vals, opsets))
+            else:
+                got.update({i: tuple(out.get(f"n{i}:o{j}") if o else None for j, o in enumerate(graph.nodes[i].output)) for i in picked})
+    if known is not None:  # nodes reading a value shape inference gave no type: on their own
+        rest = [i for i in _readable(graph, vals) if i not in got]
+        got.update(_local_outputs_one_by_one(graph, rest, vals, opsets))
+    return got
+
+
+def _readable(graph: _Graph, values: Mapping[str, Any]) -> list[int]:
+    """The nodes without a body whose every input is a tensor of a dtype ONNX names."""
+    picked = []
+    for i, node in enumerate(graph.nodes):
+        if graph.subgraph[i]:
+            continue
+        ins = [values.get(x) for x in node.input if x]
+        if all(isinstance(t, torch.Tensor) and _onnx_type(t.dtype) is not None for t in ins):
+            picked.append(i)
+    return picked
+
+
+def _combined_session(
+    m: onnx.ModelProto,
+    graph: _Graph,
+    picked: Sequence[int],
+    provider: str,
+    known: Mapping[str, int] | None,
+    values: Mapping[str, Any] | None,
+) -> tuple[OrtRunner, dict[str, str]] | None:
+    """The one-session model of `_local_outputs` and its created session, with the graph input feeding
+    each value; None when onnxruntime refuses it. Element types from `known`, else from `values`."""
     # built field by field (onnx.helper's constructors cost more than the session on a large graph); the
     # same model as make_model(make_graph(...)) with make_tensor_value_info/make_node/make_empty_tensor_value_info
     combined = onnx.ModelProto(ir_version=max(m.ir_version, 9))
@@ -664,7 +730,6 @@ def _local_outputs(m: onnx.ModelProto, graph: _Graph, values: Mapping[str, Any],
     combined.functions.extend(m.functions)
     g = combined.graph
     g.name = "blame_local"
-    feeds: dict[str, torch.Tensor] = {}
     fed: dict[str, str] = {}  # value -> the graph input holding it (one per value, whatever reads it)
     for i in picked:
         node = graph.nodes[i]
@@ -676,15 +741,11 @@ def _local_outputs(m: onnx.ModelProto, graph: _Graph, values: Mapping[str, Any],
             name = fed.get(x)
             if name is None:
                 name = fed[x] = f"v{len(fed)}"
-                t = values[x]
                 vi = g.input.add()
                 vi.name = name
-                tt = vi.type.tensor_type
-                tt.elem_type = _onnx_type(t.dtype)  # (picked: not None)
-                tt.shape.SetInParent()  # (a scalar has a shape without dims; no shape would be any rank)
-                for a in range(t.dim()):
-                    tt.shape.dim.add().dim_param = f"{name}:d{a}"
-                feeds[name] = t
+                # the element type only, no shape (any rank): the values' shapes are not known yet, and
+                # a kernel's arithmetic never depends on what the graph declares of them
+                vi.type.tensor_type.elem_type = known[x] if known is not None else _onnx_type(values[x].dtype)  # type: ignore[index]
             in_names.append(name)
         out_names = [f"n{i}:o{j}" if o else "" for j, o in enumerate(node.output)]
         for o in out_names:
@@ -704,11 +765,10 @@ def _local_outputs(m: onnx.ModelProto, graph: _Graph, values: Mapping[str, Any],
         # it (the tests hold the two to the same bits); the optimizers' passes over a graph of thousands
         # of nodes cost as much as the rest of the session
         runner = OrtRunner(combined, provider=provider, session_options={"graph_optimization_level": "disable"})
-        names = runner.output_names
-        got = dict(zip(names, _run_own_feeds(runner, names, feeds), strict=True))
-    except Exception:  # one node onnxruntime refuses in this form: ask node by node, as before
-        return {**constants, **_local_outputs_one_by_one(graph, picked, values, opsets)}
-    return {**constants, **{i: tuple(got.get(f"n{i}:o{j}") if o else None for j, o in enumerate(graph.nodes[i].output)) for i in picked}}
+        runner.session  # noqa: B018  (created here, in the caller's thread, while torch runs)
+    except Exception:
+        return None
+    return runner, fed
 
 
 def _constant_value(node: onnx.NodeProto) -> torch.Tensor | None:
@@ -902,11 +962,11 @@ def blame(
     kernels = dict(kernels or {})
     extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
     clock = _Clock()
-    # onnxruntime's two sessions and the float64 oracle run in two threads beside the torch run and the
+    # onnxruntime's two sessions and the float64 oracle run in threads beside the torch run and the
     # first-order pass (kernels release the GIL while they compute): on a machine with cores to spare
-    # they cost little wall time. The second session waits for the torch run (its feeds are the torch
-    # run's values); the oracle is read only by the swaps' rows.
-    helper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ortdiff-blame")
+    # they cost little wall time. The second session is made while torch runs and run on its values;
+    # the oracle is read only by the swaps' rows.
+    helper = ThreadPoolExecutor(max_workers=3, thread_name_prefix="ortdiff-blame")
     try:
         ort_future = helper.submit(ort_intermediates, m, feeds, provider)
         base = TorchEvaluator(m, device=device, kernels=kernels, **extra)
@@ -916,27 +976,28 @@ def blame(
         # the float64 oracle in a thread of its own: only the swaps' rows read it
         oracle_future = helper.submit(_oracle_outputs, base, kernels, feeds, declared) if oracle else None
         label = dtype_of(dtype).short if dtype is not None else _first_float_dtype(declared)
+        # node names the evaluator can be keyed by (unnamed nodes: `OpType_<index>`)
+        keys = [node_key(node, i) for i, node in enumerate(m.graph.node)]
+        graph = _Graph(base)
+        # the local outputs' session is made from the values' declared types while torch runs; it is run
+        # on the torch run's values once they are there
+        torch_done: Future[dict[str, Any]] = Future()
+        local_future = helper.submit(_local_outputs, m, graph, torch_done.result, provider, base.opsets, base.value_types)
+        clock.lap("graph")
         # every value of one torch run, through the plain plan (a run that happens once records no
         # shape-specialised plan)
         torch_all: dict[str, Any] = base.run(None, feeds, intermediates=True, specialise=False)
+        torch_done.set_result(torch_all)
         clock.lap("torch run (every value)")
         torch_out = [torch_all[o] for o in outputs]
-
-        # node names the evaluator can be keyed by: unnamed nodes get one on a copy of the model
-        named = onnx.ModelProto()
-        named.CopyFrom(m)
-        for i, node in enumerate(named.graph.node):
-            if not node.name:
-                node.name = node_key(node, i)
-        graph = _Graph(base)
-        local_future = helper.submit(_local_outputs, named, graph, torch_all, provider, base.opsets)
-        clock.lap("graph")
 
         ort_all = ort_future.result()
         clock.lap("onnxruntime run (every value), waited for")
         local = local_future.result()
         clock.lap("onnxruntime local outputs (one session), waited for")
     except BaseException:
+        if "torch_done" in locals() and not torch_done.done():
+            torch_done.cancel()  # (the local outputs' thread waiting for the torch run ends)
         helper.shutdown(wait=False, cancel_futures=True)  # what still runs ends on its own
         raise
     ort_out = [ort_all[o] for o in outputs]
@@ -955,9 +1016,19 @@ def blame(
             o_abs, o_ulp = r.max_abs, r.max_ulp
         return explained, vs_ort.max_abs, vs_torch.max_abs, o_abs, o_ulp
 
-    def substituted(keys: list[str]) -> tuple[float, float, float, float | None, float | None]:
+    @functools.cache
+    def named() -> onnx.ModelProto:
+        """A copy of the model whose unnamed nodes are named by their key (what `kernels=` and onnxruntime's
+        optimized graph are matched by); made only where needed (it copies the weights)."""
+        copy = onnx.ModelProto()
+        copy.CopyFrom(m)
+        for node, key in zip(copy.graph.node, keys, strict=True):
+            node.name = key
+        return copy
+
+    def substituted(swapped: list[str]) -> tuple[float, float, float, float | None, float | None]:
         # the whole graph again: only for swaps of control flow and of nodes reading sequences
-        ev = TorchEvaluator(named, device=device, kernels={**kernels, **dict.fromkeys(keys, "ort")}, check_model=False, **extra)
+        ev = TorchEvaluator(named(), device=device, kernels={**kernels, **dict.fromkeys(swapped, "ort")}, check_model=False, **extra)
         return measured(ev.run(None, feeds))
 
     no_ops: dict[int, bool] = {}
@@ -972,17 +1043,17 @@ def blame(
 
     def swap(indices: list[int]) -> tuple[float, float, float, float | None, float | None]:
         if any(i not in local for i in indices):
-            return substituted([named.graph.node[i].name for i in indices])
+            return substituted([keys[i] for i in indices])
         return measured(swapper.run(set(indices)))
 
     drift_tol = tolerance
     first_divergence = None
     rows: list[BlameRow] = []
-    scopes = [node_scope(n) for n in named.graph.node]
+    scopes = [node_scope(n) for n in m.graph.node]
     candidates = [i for i in range(len(graph.nodes)) if not no_op(i)]
     # op types with several nodes get a row of their own: all of them swapped at once
     members_of: dict[str, list[int]] = {}
-    for i, n in enumerate(named.graph.node):
+    for i, n in enumerate(m.graph.node):
         members_of.setdefault(n.op_type, []).append(i)
     op_candidates = [op for op, idx in members_of.items() if len(idx) > 1 and not all(no_op(i) for i in idx)]
     estimates: dict[int, float] = {}
@@ -1029,9 +1100,9 @@ def blame(
             table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
     unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
     # a large graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
-    with progress.bar(len(named.graph.node), "ortdiff blame", unit="node", min_total=progress.BLAME_MIN_NODES) as shown:
-        for i, node in enumerate(named.graph.node):
-            key = node.name
+    with progress.bar(len(keys), "ortdiff blame", unit="node", min_total=progress.BLAME_MIN_NODES) as shown:
+        for i, node in enumerate(m.graph.node):
+            key = keys[i]
             skipped = no_op(i)
             exact = skipped or i in run_exactly
             if skipped:
@@ -1080,7 +1151,7 @@ def blame(
     # onnxruntime inserts Casts only around nodes reading float16 (its InsertCastTransformer): without a
     # float16 value there is nothing to note, and no session to build for it
     has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in torch_all.values())
-    notes = ort_graph_notes(named, provider) if has_fp16 and not gap.is_exact else []
+    notes = ort_graph_notes(named(), provider) if has_fp16 and not gap.is_exact else []
     clock.lap("onnxruntime graph notes")
     return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes, nodes_recomputed=swapper.executed, timings=clock.laps)
 

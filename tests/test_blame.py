@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import numpy as np
+import onnx
 import onnx.helper as oh
 import pytest
 import torch
@@ -581,6 +582,16 @@ def test_local_outputs_are_onnxruntimes_own_node_by_node() -> None:
         alone = OrtKernel(node, graph.kernels[i].ctx, ev.opsets).run(*[values[x] if x else None for x in node.input])
         for a, b in zip(local[i], alone, strict=False):
             assert blame_module._same_bits(a, b.contiguous()), node.name
+    # the session made from the declared types before the values exist (what blame does while torch
+    # runs) gives the same bits; so does one whose types are wrong for a value (made again from the
+    # values), and one missing a value's type (its readers asked on their own)
+    typed = dict(ev.value_types)
+    wrong = {**typed, graph.nodes[3].input[0]: onnx.TypeProto.Tensor(elem_type=onnx.TensorProto.DOUBLE)}
+    partial = {k: v for k, v in typed.items() if k != graph.nodes[5].input[0]}
+    for types in (typed, wrong, partial):
+        again = blame_module._local_outputs(model, graph, lambda: values, "CPU", ev.opsets, types)
+        assert set(again) == set(local)
+        assert all(blame_module._same_bits(a, b) for i in local for a, b in zip(local[i], again[i], strict=True))
 
 
 def test_graph_notes_need_no_session_without_float16(monkeypatch: pytest.MonkeyPatch) -> None:

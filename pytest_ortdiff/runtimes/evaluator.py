@@ -1002,6 +1002,13 @@ class TorchEvaluator:
 
         return OrtKernel(node, ctx, self.opsets, self._facts.value_types)
 
+    @property
+    def value_types(self) -> Mapping[str, onnx.TypeProto.Tensor]:
+        """Each tensor value's type (a body's values included) as the model declares it or shape
+        inference gives it (without the weights), inferred when first read; a value shape inference gives
+        no type is not in it."""
+        return self._facts.value_types
+
     def iter_kernels(self) -> Iterator[tuple[onnx.NodeProto, Kernel, tuple[str, ...]]]:
         """Every node with its kernel and the value names its kernel's `run` takes (the node's inputs, then
         the outer-scope values its subgraphs read), subgraphs included: a node comes before its body's
