@@ -11,7 +11,8 @@ CPU, torch on one thread (`--threads`), at two tensor sizes (`--shape`):
 
 Per graph: one `TorchEvaluator.run` (the fastest of 15), one `blame()` (the fastest of 3, each cold:
 onnxruntime's session cache emptied before it; the float64 oracle included, as a user gets it, onnxruntime
-imported beforehand), and their ratio: blame's time in evaluator runs' worth, in
+imported beforehand; the runs are taken in rounds between the blames, as the machine's speed drifts),
+and their ratio: blame's time in evaluator runs' worth, in
 wall-clock time and in the process's CPU time (on a shared machine the CPU time says less about the
 neighbours). Also the nodes the swaps ran again (all swaps together, in graph runs' worth), how many nodes
 were skipped because onnxruntime's output is bit-identical to torch's, and blame's phases in runs' worth
@@ -101,19 +102,19 @@ def measure(layers: int, hidden: int, seq: int, budget: float, show: bool) -> No
     model, feeds = stacked(layers, hidden, seq)
     ev = TorchEvaluator(model)
     ev.run(None, feeds)
-    times, cpu = [], []
-    for _ in range(15):
-        t, c = time.perf_counter(), time.process_time()
-        ev.run(None, feeds)
-        times.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    run = min(times)  # the machine is shared: the fastest run is the least disturbed one
-    run_cpu = sorted(cpu)[len(cpu) // 2]
-    # blame 3 times, each with onnxruntime's session cache emptied, the fastest counted (as for the run: the
-    # least disturbed one); its phases are that one's
+    # three rounds of 5 runs then one blame (onnxruntime's session cache emptied before it: cold, as a
+    # user's first blame of a model), the fastest run and the fastest blame counted: the machine is shared
+    # and its speed drifts over seconds, so the runs are taken in the same moments as the blames
+    times: list[float] = []
+    cpu: list[float] = []
     best = None
     for _ in range(3):
-        ort_module._SESSIONS.clear()  # cold, as a user's first blame of a model: every session created again
+        for _ in range(5):
+            t, c = time.perf_counter(), time.process_time()
+            ev.run(None, feeds)
+            times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+        ort_module._SESSIONS.clear()
         t, c = time.perf_counter(), time.process_time()
         got = blame(model, feeds, budget=budget)
         took_i, cpu_i = time.perf_counter() - t, time.process_time() - c
@@ -121,6 +122,8 @@ def measure(layers: int, hidden: int, seq: int, budget: float, show: bool) -> No
             best = (took_i, cpu_i, got)
     assert best is not None
     took, took_cpu, table = best
+    run = min(times)
+    run_cpu = sorted(cpu)[len(cpu) // 2]
     n = len(model.graph.node)
     skipped = sum(r.skipped for r in table)
     print(f"{layers:>6} {n:>6} {run * 1e3:>8.1f} {took:>8.2f} {took / run:>6.1f} {took_cpu / run_cpu:>9.1f} {table.nodes_recomputed / n:>9.1f} r {skipped:>8}", flush=True)

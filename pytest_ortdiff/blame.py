@@ -12,6 +12,8 @@ import functools
 import itertools
 import math
 import operator
+import os
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -701,6 +703,63 @@ def _local_outputs(
     return got
 
 
+class _Local(NamedTuple):
+    """What the local outputs' thread hands blame: onnxruntime's output of each node from the torch run's
+    inputs, and whether it is bit-identical to torch's (the swap is a no-op)."""
+
+    outputs: dict[int, tuple[Any, ...]]
+    no_op: list[bool]
+
+
+def _local_job(
+    m: onnx.ModelProto,
+    graph: _Graph,
+    values: Callable[[], Mapping[str, Any]],
+    provider: str,
+    opsets: Mapping[str, int],
+    types: Mapping[str, onnx.TypeProto.Tensor] | None,
+) -> _Local:
+    """`_local_outputs`, then each node's no-op verdict, in the thread that made them."""
+    local = _local_outputs(m, graph, values, provider, opsets, types)
+    vals = values()
+    no_op = []
+    for i, node in enumerate(graph.nodes):
+        got = local.get(i)
+        no_op.append(got is not None and all(not o or _same_bits(y, vals.get(o)) for o, y in zip(node.output, got, strict=False)))
+    return _Local(local, no_op)
+
+
+def _local_errors(graph: _Graph, values: Callable[[], Mapping[str, Any]], local: Callable[[], _Local]) -> dict[int, tuple[float, float]]:
+    """Each node's own error (max abs, max ULP) where its swap is not a no-op (0 where it is)."""
+    vals, got = values(), local()
+    return {i: _local_error(node, vals, got.outputs.get(i)) for i, node in enumerate(graph.nodes) if not got.no_op[i]}
+
+
+def _drifts(
+    nodes: Sequence[onnx.NodeProto],
+    keys: Sequence[str],
+    values: Callable[[], Mapping[str, Any]],
+    ort_values: Callable[[], Mapping[str, Any]],
+    tolerance: Tolerance | None,
+) -> tuple[list[float | None], str | None]:
+    """Each node's drift (its first output in the torch run against the onnxruntime run, max abs; None
+    where they cannot be compared) and the first node whose drift `tolerance` rejects (any drift without
+    one), described."""
+    torch_all, ort_all = values(), ort_values()
+    drifts: list[float | None] = []
+    first = None
+    for key, node in zip(keys, nodes, strict=True):
+        d = _drift(node, torch_all, ort_all)
+        drifts.append(d.max_abs if d is not None else None)
+        if d is not None and not d.is_exact and first is None:
+            # the full report only here: the message's counts, and the tolerance's verdict
+            x, y = torch_all[node.output[0]], ort_all[node.output[0]]
+            full = compare(x, y, tolerance=tolerance.allclose if tolerance is not None else None)
+            if bool(tolerance.check(full)) if tolerance is not None else True:
+                first = f"{key} ({node.op_type}): max abs {g(full.max_abs)}, {full.mismatches:,}/{full.n:,} elements differ"
+    return drifts, first
+
+
 def _readable(graph: _Graph, values: Mapping[str, Any]) -> list[int]:
     """The nodes without a body whose every input is a tensor of a dtype ONNX names."""
     picked = []
@@ -857,8 +916,9 @@ class _Swapper:
                 by_node.setdefault(i, []).append(x)
         for i, xs in by_node.items():
             self._frees[i] = tuple(xs)
-        #: nodes run (torch or onnxruntime) by all swaps so far
+        #: nodes run (torch or onnxruntime) by all swaps so far (swaps may run in several threads)
         self.executed = 0
+        self._count = threading.Lock()
 
     def ort_kernel(self, i: int) -> OrtKernel:
         node = self.graph.nodes[i]
@@ -916,7 +976,8 @@ class _Swapper:
             for x in frees[i]:
                 changed.pop(x, None)
             i += 1
-        self.executed += executed
+        with self._count:
+            self.executed += executed
         return [get(o, base_get(o)) for o in self.outputs]
 
 
@@ -966,15 +1027,13 @@ def blame(
     # first-order pass (kernels release the GIL while they compute): on a machine with cores to spare
     # they cost little wall time. The second session is made while torch runs and run on its values;
     # the oracle is read only by the swaps' rows.
-    helper = ThreadPoolExecutor(max_workers=3, thread_name_prefix="ortdiff-blame")
+    helper = ThreadPoolExecutor(max_workers=5, thread_name_prefix="ortdiff-blame")
     try:
         ort_future = helper.submit(ort_intermediates, m, feeds, provider)
         base = TorchEvaluator(m, device=device, kernels=kernels, **extra)
         clock.lap("torch evaluator built")
         outputs = list(base.output_names)
         declared = [base.output_dtypes.get(o) for o in outputs]
-        # the float64 oracle in a thread of its own: only the swaps' rows read it
-        oracle_future = helper.submit(_oracle_outputs, base, kernels, feeds, declared) if oracle else None
         label = dtype_of(dtype).short if dtype is not None else _first_float_dtype(declared)
         # node names the evaluator can be keyed by (unnamed nodes: `OpType_<index>`)
         keys = [node_key(node, i) for i, node in enumerate(m.graph.node)]
@@ -982,18 +1041,25 @@ def blame(
         # the local outputs' session is made from the values' declared types while torch runs; it is run
         # on the torch run's values once they are there
         torch_done: Future[dict[str, Any]] = Future()
-        local_future = helper.submit(_local_outputs, m, graph, torch_done.result, provider, base.opsets, base.value_types)
+        local_future = helper.submit(_local_job, m, graph, torch_done.result, provider, base.opsets, base.value_types)
+        # each node's drift (its output in the torch run against the onnxruntime run) once both are there,
+        # and its local error once the local outputs are
+        drift_future = helper.submit(_drifts, m.graph.node, keys, torch_done.result, ort_future.result, tolerance)
+        errors_future = helper.submit(_local_errors, graph, torch_done.result, local_future.result)
         clock.lap("graph")
         # every value of one torch run, through the plain plan (a run that happens once records no
         # shape-specialised plan)
         torch_all: dict[str, Any] = base.run(None, feeds, intermediates=True, specialise=False)
         torch_done.set_result(torch_all)
         clock.lap("torch run (every value)")
+        # the float64 oracle in a thread of its own, after the torch run (whose values the local outputs
+        # and the first-order pass wait for): only the swaps' rows read it
+        oracle_future = helper.submit(_oracle_outputs, base, kernels, feeds, declared) if oracle else None
         torch_out = [torch_all[o] for o in outputs]
 
         ort_all = ort_future.result()
         clock.lap("onnxruntime run (every value), waited for")
-        local = local_future.result()
+        local, no_ops = local_future.result()
         clock.lap("onnxruntime local outputs (one session), waited for")
     except BaseException:
         if "torch_done" in locals() and not torch_done.done():
@@ -1031,12 +1097,7 @@ def blame(
         ev = TorchEvaluator(named(), device=device, kernels={**kernels, **dict.fromkeys(swapped, "ort")}, check_model=False, **extra)
         return measured(ev.run(None, feeds))
 
-    no_ops: dict[int, bool] = {}
-
     def no_op(i: int) -> bool:
-        if i not in no_ops:
-            got = local.get(i)
-            no_ops[i] = got is not None and all(not o or _same_bits(y, torch_all.get(o)) for o, y in zip(graph.nodes[i].output, got, strict=False))
         return no_ops[i]
 
     swapper = _Swapper(graph, torch_all, local, outputs, base.opsets)
@@ -1046,8 +1107,6 @@ def blame(
             return substituted([keys[i] for i in indices])
         return measured(swapper.run(set(indices)))
 
-    drift_tol = tolerance
-    first_divergence = None
     rows: list[BlameRow] = []
     scopes = [node_scope(n) for n in m.graph.node]
     candidates = [i for i in range(len(graph.nodes)) if not no_op(i)]
@@ -1059,9 +1118,10 @@ def blame(
     estimates: dict[int, float] = {}
     op_estimates: dict[str, float] = {}
     run_exactly, ops_exactly = set(candidates), set(op_candidates)
+    ns = graph.costs(torch_all) if candidates or op_candidates else np.zeros(0)
     if budget is not None and (candidates or op_candidates) and gap_mean > 0:
         # a swap costs at most the nodes it may run again, weighted by their share of a run's time
-        reach, ns = graph.reach(), graph.costs(torch_all)
+        reach = graph.reach()
         costs = ns / ns.sum()  # in runs of the graph: a swap's cost is the fraction of a run it redoes at most
         node_cost = {i: _weight(reach[i], costs) for i in candidates}
         op_cost = {op: _weight(functools.reduce(operator.or_, (reach[i] for i in members_of[op])), costs) for op in op_candidates}
@@ -1099,31 +1159,42 @@ def blame(
             r = compare(oracle_out, outs)
             table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
     unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
-    # a large graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
-    with progress.bar(len(keys), "ortdiff blame", unit="node", min_total=progress.BLAME_MIN_NODES) as shown:
-        for i, node in enumerate(m.graph.node):
-            key = keys[i]
-            skipped = no_op(i)
-            exact = skipped or i in run_exactly
-            if skipped:
-                explained, vs_ort, vs_torch, o_abs, o_ulp = unchanged
-            elif exact:
-                explained, vs_ort, vs_torch, o_abs, o_ulp = swap([i])
-            else:
-                explained, vs_ort, vs_torch, o_abs, o_ulp = estimates.get(i, 0.0), None, None, None, None
-            local_abs, local_ulp = (0.0, 0.0) if skipped else _local_error(node, torch_all, local.get(i))
-            d = _drift(node, torch_all, ort_all)
-            drift = d.max_abs if d is not None else None
-            if d is not None and not d.is_exact and first_divergence is None:
-                # the full report only here: the message's counts, and the tolerance's verdict
-                x, y = torch_all[node.output[0]], ort_all[node.output[0]]
-                full = compare(x, y, tolerance=drift_tol.allclose if drift_tol is not None else None)
-                if bool(drift_tol.check(full)) if drift_tol is not None else True:
-                    first_divergence = f"{key} ({node.op_type}): max abs {g(full.max_abs)}, {full.mismatches:,}/{full.n:,} elements differ"
-            rows.append(BlameRow(key, node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drift, o_abs, o_ulp, skipped=skipped, scope=scopes[i], exact=exact))
-            shown.update()
+    drifts, first_divergence = drift_future.result()
+    local_errors = errors_future.result()
+    # the exact swaps (single nodes, then op types), side by side where torch leaves cores idle; a large
+    # graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
+    node_jobs = [i for i in range(len(keys)) if not no_op(i) and i in run_exactly]
+    op_jobs = [op for op, idx in members_of.items() if len(idx) > 1 and op in ops_exactly and not all(no_op(i) for i in idx)]
+    jobs = [[i] for i in node_jobs] + [members_of[op] for op in op_jobs]
+    results: list[tuple[float, float, float, float | None, float | None]] = []
+    shown_from = 1 if len(keys) >= progress.BLAME_MIN_NODES else len(jobs) + 2
+    with progress.bar(len(jobs) + 1, "ortdiff blame", unit="swap", min_total=shown_from) as shown:
+        workers = _swap_workers(len(jobs), float(ns.mean()) if ns.size else 0.0)
+        if workers > 1:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ortdiff-swap") as pool:
+                for res in pool.map(swap, jobs):  # (in order: the same table whatever the threads)
+                    results.append(res)
+                    shown.update()
+        else:
+            for job in jobs:
+                results.append(swap(job))
+                shown.update()
+        shown.update()
+    swapped = dict(zip(node_jobs, results, strict=False))
+    op_swapped = dict(zip(op_jobs, results[len(node_jobs) :], strict=True))
+    clock.lap("swaps")
+    for i, node in enumerate(m.graph.node):
+        skipped = no_op(i)
+        exact = skipped or i in swapped
+        if skipped:
+            explained, vs_ort, vs_torch, o_abs, o_ulp = unchanged
+        elif exact:
+            explained, vs_ort, vs_torch, o_abs, o_ulp = swapped[i]
+        else:
+            explained, vs_ort, vs_torch, o_abs, o_ulp = estimates.get(i, 0.0), None, None, None, None
+        local_abs, local_ulp = local_errors.get(i, (0.0, 0.0))
+        rows.append(BlameRow(keys[i], node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drifts[i], o_abs, o_ulp, skipped=skipped, scope=scopes[i], exact=exact))
 
-    clock.lap("node swaps")
     op_rows: list[BlameRow] = []
     for op, indices in members_of.items():
         members = [r for r in rows if r.op_type == op]
@@ -1133,27 +1204,42 @@ def blame(
         # every member bit-identical on onnxruntime: swapping them all changes nothing either (each one's
         # inputs stay the torch run's, by induction along the graph)
         skipped = all(no_op(i) for i in indices)
-        exact = skipped or op in ops_exactly
+        exact = skipped or op in op_swapped
         if skipped:
             explained, vs_ort, vs_torch, o_abs, o_ulp = unchanged
         elif exact:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = swap(indices)
+            explained, vs_ort, vs_torch, o_abs, o_ulp = op_swapped[op]
         else:
             explained, vs_ort, vs_torch, o_abs, o_ulp = op_estimates.get(op, 0.0), None, None, None, None
         local_abs = max(r.local_max_abs for r in members)
         local_ulp = max(r.local_max_ulp for r in members)
-        drifts = [r.drift_max_abs for r in members if r.drift_max_abs is not None]
-        op_rows.append(BlameRow(op, op, explained, vs_ort, vs_torch, local_abs, local_ulp, max(drifts) if drifts else None, o_abs, o_ulp, skipped=skipped, exact=exact))
+        member_drifts = [r.drift_max_abs for r in members if r.drift_max_abs is not None]
+        op_rows.append(BlameRow(op, op, explained, vs_ort, vs_torch, local_abs, local_ulp, max(member_drifts) if member_drifts else None, o_abs, o_ulp, skipped=skipped, exact=exact))
 
     rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp))  # stable: graph order among equals
     op_rows.sort(key=lambda r: -r.explained)
-    clock.lap("op-type swaps")
+    clock.lap("rows")
     # onnxruntime inserts Casts only around nodes reading float16 (its InsertCastTransformer): without a
     # float16 value there is nothing to note, and no session to build for it
     has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in torch_all.values())
     notes = ort_graph_notes(named(), provider) if has_fp16 and not gap.is_exact else []
     clock.lap("onnxruntime graph notes")
     return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes, nodes_recomputed=swapper.executed, timings=clock.laps)
+
+
+def _swap_workers(jobs: int, node_ns: float) -> int:
+    """How many swaps run side by side: the cores torch's own threads leave idle (cores // torch's
+    threads: one at torch's default of a thread per core), at most 4; one where a node's modelled time
+    (`node_ns`, `_Graph.costs`' mean) is mostly the evaluator's Python, not tensor work: threads holding
+    the GIL in turn are slower than one."""
+    if node_ns < _PARALLEL_NODE_NS:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, jobs, cores // max(1, torch.get_num_threads())))
+
+
+#: swaps run side by side only where a node's modelled time is at least this (its fixed 3 µs a third of it)
+_PARALLEL_NODE_NS = 10_000.0
 
 
 def _first_order(
