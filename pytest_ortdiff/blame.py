@@ -560,6 +560,20 @@ class _Graph:
         self.subgraph = [has_subgraph(n) for n in nodes]
         self.outputs = [tuple(n.output) for n in nodes]
         self.runs = [k.run for k in self.kernels]
+        self.graph_outputs = tuple(ev.output_names)
+
+    def live(self) -> list[bool]:
+        """Per node: whether the graph's outputs depend on it (a run computes only those)."""
+        produced = {o: i for i, outs in enumerate(self.outputs) for o in outs if o}
+        live = [False] * len(self.nodes)
+        stack = [produced[o] for o in self.graph_outputs if o in produced]
+        while stack:
+            i = stack.pop()
+            if live[i]:
+                continue
+            live[i] = True
+            stack.extend(produced[x] for x in self.inputs[i] if x in produced)
+        return live
 
     def descendants(self) -> list[int]:
         """How many nodes depend on each node."""
@@ -666,7 +680,9 @@ def _local_outputs(
                 torch_dt = None
             if torch_dt is not None and _onnx_type(torch_dt) == t.elem_type:
                 known[name] = t.elem_type
-        picked = [i for i, node in enumerate(graph.nodes) if not graph.subgraph[i] and all(x in known for x in node.input if x)]
+        # the nodes the torch run computes (the graph's outputs need them): their inputs will have values
+        live = graph.live()
+        picked = [i for i, node in enumerate(graph.nodes) if live[i] and not graph.subgraph[i] and all(x in known for x in node.input if x)]
         vals: Mapping[str, Any] | None = None
     else:
         vals = values() if callable(values) else values
@@ -803,7 +819,9 @@ def _combined_session(
                 vi = g.input.add()
                 vi.name = name
                 # the element type only, no shape (any rank): the values' shapes are not known yet, and
-                # a kernel's arithmetic never depends on what the graph declares of them
+                # a kernel's arithmetic never depends on what the graph declares of them (OrtKernel's
+                # one-node model declares ranks: onnxruntime's shape inference refuses a few nodes there,
+                # e.g. a linear Resize given `sizes`, that it accepts here)
                 vi.type.tensor_type.elem_type = known[x] if known is not None else _onnx_type(values[x].dtype)  # type: ignore[index]
             in_names.append(name)
         out_names = [f"n{i}:o{j}" if o else "" for j, o in enumerate(node.output)]
@@ -1027,7 +1045,10 @@ def blame(
     # first-order pass (kernels release the GIL while they compute): on a machine with cores to spare
     # they cost little wall time. The second session is made while torch runs and run on its values;
     # the oracle is read only by the swaps' rows.
-    helper = ThreadPoolExecutor(max_workers=5, thread_name_prefix="ortdiff-blame")
+    # (each thread runs torch ops with the calling thread's torch thread count: a new thread would otherwise
+    # leave OpenMP/MKL at their defaults, and a MatMul there could take another path and give other bits)
+    helper = ThreadPoolExecutor(max_workers=5, thread_name_prefix="ortdiff-blame", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+    torch_done: Future[dict[str, Any]] = Future()
     try:
         ort_future = helper.submit(ort_intermediates, m, feeds, provider)
         base = TorchEvaluator(m, device=device, kernels=kernels, **extra)
@@ -1040,7 +1061,6 @@ def blame(
         graph = _Graph(base)
         # the local outputs' session is made from the values' declared types while torch runs; it is run
         # on the torch run's values once they are there
-        torch_done: Future[dict[str, Any]] = Future()
         local_future = helper.submit(_local_job, m, graph, torch_done.result, provider, base.opsets, base.value_types)
         # each node's drift (its output in the torch run against the onnxruntime run) once both are there,
         # and its local error once the local outputs are
@@ -1061,170 +1081,162 @@ def blame(
         clock.lap("onnxruntime run (every value), waited for")
         local, no_ops = local_future.result()
         clock.lap("onnxruntime local outputs (one session), waited for")
-    except BaseException:
-        if "torch_done" in locals() and not torch_done.done():
-            torch_done.cancel()  # (the local outputs' thread waiting for the torch run ends)
-        helper.shutdown(wait=False, cancel_futures=True)  # what still runs ends on its own
-        raise
-    ort_out = [ort_all[o] for o in outputs]
-    gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
-    gap_mean = gap.mean_abs
-    oracle_out: list[torch.Tensor] | None = None
-    table_oracle: dict[str, OracleError] = {}
+        ort_out = [ort_all[o] for o in outputs]
+        gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
+        gap_mean = gap.mean_abs
+        oracle_out: list[torch.Tensor] | None = None
+        table_oracle: dict[str, OracleError] = {}
 
-    def measured(sub: list[Any]) -> tuple[float, float, float, float | None, float | None]:
-        vs_ort = _errors(sub, ort_out, ulp=False)
-        vs_torch = _errors(sub, torch_out, ulp=False, mean=False)
-        explained = 0.0 if gap_mean == 0 else max(0.0, min(1.0, 1.0 - vs_ort.mean_abs / gap_mean))
-        o_abs = o_ulp = None
-        if oracle_out is not None:
-            r = _errors(oracle_out, sub, mean=False)
-            o_abs, o_ulp = r.max_abs, r.max_ulp
-        return explained, vs_ort.max_abs, vs_torch.max_abs, o_abs, o_ulp
+        def measured(sub: list[Any]) -> tuple[float, float, float, float | None, float | None]:
+            vs_ort = _errors(sub, ort_out, ulp=False)
+            vs_torch = _errors(sub, torch_out, ulp=False, mean=False)
+            explained = 0.0 if gap_mean == 0 else max(0.0, min(1.0, 1.0 - vs_ort.mean_abs / gap_mean))
+            o_abs = o_ulp = None
+            if oracle_out is not None:
+                r = _errors(oracle_out, sub, mean=False)
+                o_abs, o_ulp = r.max_abs, r.max_ulp
+            return explained, vs_ort.max_abs, vs_torch.max_abs, o_abs, o_ulp
 
-    @functools.cache
-    def named() -> onnx.ModelProto:
-        """A copy of the model whose unnamed nodes are named by their key (what `kernels=` and onnxruntime's
-        optimized graph are matched by); made only where needed (it copies the weights)."""
-        copy = onnx.ModelProto()
-        copy.CopyFrom(m)
-        for node, key in zip(copy.graph.node, keys, strict=True):
-            node.name = key
-        return copy
+        @functools.cache
+        def named() -> onnx.ModelProto:
+            """A copy of the model whose unnamed nodes are named by their key (what `kernels=` and onnxruntime's
+            optimized graph are matched by); made only where needed (it copies the weights)."""
+            copy = onnx.ModelProto()
+            copy.CopyFrom(m)
+            for node, key in zip(copy.graph.node, keys, strict=True):
+                node.name = key
+            return copy
 
-    def substituted(swapped: list[str]) -> tuple[float, float, float, float | None, float | None]:
-        # the whole graph again: only for swaps of control flow and of nodes reading sequences
-        ev = TorchEvaluator(named(), device=device, kernels={**kernels, **dict.fromkeys(swapped, "ort")}, check_model=False, **extra)
-        return measured(ev.run(None, feeds))
+        def substituted(swapped: list[str]) -> tuple[float, float, float, float | None, float | None]:
+            # the whole graph again: only for swaps of control flow and of nodes reading sequences
+            ev = TorchEvaluator(named(), device=device, kernels={**kernels, **dict.fromkeys(swapped, "ort")}, check_model=False, **extra)
+            return measured(ev.run(None, feeds))
 
-    def no_op(i: int) -> bool:
-        return no_ops[i]
+        def no_op(i: int) -> bool:
+            return no_ops[i]
 
-    swapper = _Swapper(graph, torch_all, local, outputs, base.opsets)
+        swapper = _Swapper(graph, torch_all, local, outputs, base.opsets)
 
-    def swap(indices: list[int]) -> tuple[float, float, float, float | None, float | None]:
-        if any(i not in local for i in indices):
-            return substituted([keys[i] for i in indices])
-        return measured(swapper.run(set(indices)))
+        def swap(indices: list[int]) -> tuple[float, float, float, float | None, float | None]:
+            if any(i not in local for i in indices):
+                return substituted([keys[i] for i in indices])
+            return measured(swapper.run(set(indices)))
 
-    rows: list[BlameRow] = []
-    scopes = [node_scope(n) for n in m.graph.node]
-    candidates = [i for i in range(len(graph.nodes)) if not no_op(i)]
-    # op types with several nodes get a row of their own: all of them swapped at once
-    members_of: dict[str, list[int]] = {}
-    for i, n in enumerate(m.graph.node):
-        members_of.setdefault(n.op_type, []).append(i)
-    op_candidates = [op for op, idx in members_of.items() if len(idx) > 1 and not all(no_op(i) for i in idx)]
-    estimates: dict[int, float] = {}
-    op_estimates: dict[str, float] = {}
-    run_exactly, ops_exactly = set(candidates), set(op_candidates)
-    ns = graph.costs(torch_all) if candidates or op_candidates else np.zeros(0)
-    if budget is not None and (candidates or op_candidates) and gap_mean > 0:
-        # a swap costs at most the nodes it may run again, weighted by their share of a run's time
-        reach = graph.reach()
-        costs = ns / ns.sum()  # in runs of the graph: a swap's cost is the fraction of a run it redoes at most
-        node_cost = {i: _weight(reach[i], costs) for i in candidates}
-        op_cost = {op: _weight(functools.reduce(operator.or_, (reach[i] for i in members_of[op])), costs) for op in op_candidates}
-        # swaps modelled to take under _EXACT_FLOOR_NS in all run exactly whatever the budget (0 aside): a
-        # small graph is blamed exactly (its runs take microseconds)
-        if budget > 0:
-            budget = max(budget, _EXACT_FLOOR_NS / float(ns.sum()))
-        if sum(node_cost.values()) + sum(op_cost.values()) > budget:
-            shares = _first_order(graph, torch_all, local, candidates, outputs, ort_out, gap_mean)
-            clock.lap("first-order estimate")
-            estimates = {i: max(0.0, min(1.0, shares.get(i, 0.0))) for i in candidates}
-            # to first order, swapping several nodes changes the run by the sum of their changes
-            op_estimates = {op: max(0.0, min(1.0, sum(shares.get(i, 0.0) for i in members_of[op]))) for op in op_candidates}
-            # exact: the 3 nodes and the op type the estimate ranks first, then the others by estimate
-            # while the budget lasts (one that does not fit leaves room for a cheaper one after it)
-            node_rank = sorted(candidates, key=lambda i: -estimates[i])
-            op_rank = sorted(op_candidates, key=lambda op: -op_estimates[op])
-            run_exactly, ops_exactly = set(node_rank[:3]), set(op_rank[:1])
-            spent = sum(node_cost[i] for i in run_exactly) + sum(op_cost[op] for op in ops_exactly)
-            ranked: list[tuple[float, int, Any]] = [(estimates[i], 0, i) for i in node_rank[3:]] + [(op_estimates[op], 1, op) for op in op_rank[1:]]
-            for _, kind, what in sorted(ranked, key=lambda r: -r[0]):
-                c = node_cost[what] if kind == 0 else op_cost[what]
-                if spent + c <= budget:
-                    (run_exactly if kind == 0 else ops_exactly).add(what)
-                    spent += c
-    # the oracle's outputs: the thread computing them has had the torch run and the first-order pass to do it
-    try:
+        rows: list[BlameRow] = []
+        scopes = [node_scope(n) for n in m.graph.node]
+        candidates = [i for i in range(len(graph.nodes)) if not no_op(i)]
+        # op types with several nodes get a row of their own: all of them swapped at once
+        members_of: dict[str, list[int]] = {}
+        for i, n in enumerate(m.graph.node):
+            members_of.setdefault(n.op_type, []).append(i)
+        op_candidates = [op for op, idx in members_of.items() if len(idx) > 1 and not all(no_op(i) for i in idx)]
+        estimates: dict[int, float] = {}
+        op_estimates: dict[str, float] = {}
+        run_exactly, ops_exactly = set(candidates), set(op_candidates)
+        ns = graph.costs(torch_all) if candidates or op_candidates else np.zeros(0)
+        if budget is not None and (candidates or op_candidates) and gap_mean > 0:
+            # a swap costs at most the nodes it may run again, weighted by their share of a run's time
+            reach = graph.reach()
+            costs = ns / ns.sum()  # in runs of the graph: a swap's cost is the fraction of a run it redoes at most
+            node_cost = {i: _weight(reach[i], costs) for i in candidates}
+            op_cost = {op: _weight(functools.reduce(operator.or_, (reach[i] for i in members_of[op])), costs) for op in op_candidates}
+            # swaps modelled to take under _EXACT_FLOOR_NS in all run exactly whatever the budget (0 aside): a
+            # small graph is blamed exactly (its runs take microseconds)
+            if budget > 0:
+                budget = max(budget, _EXACT_FLOOR_NS / float(ns.sum()))
+            if sum(node_cost.values()) + sum(op_cost.values()) > budget:
+                shares = _first_order(graph, torch_all, local, candidates, outputs, ort_out, gap_mean)
+                clock.lap("first-order estimate")
+                estimates = {i: max(0.0, min(1.0, shares.get(i, 0.0))) for i in candidates}
+                # to first order, swapping several nodes changes the run by the sum of their changes
+                op_estimates = {op: max(0.0, min(1.0, sum(shares.get(i, 0.0) for i in members_of[op]))) for op in op_candidates}
+                # exact: the 3 nodes and the op type the estimate ranks first, then the others by estimate
+                # while the budget lasts (one that does not fit leaves room for a cheaper one after it)
+                node_rank = sorted(candidates, key=lambda i: -estimates[i])
+                op_rank = sorted(op_candidates, key=lambda op: -op_estimates[op])
+                run_exactly, ops_exactly = set(node_rank[:3]), set(op_rank[:1])
+                spent = sum(node_cost[i] for i in run_exactly) + sum(op_cost[op] for op in ops_exactly)
+                ranked: list[tuple[float, int, Any]] = [(estimates[i], 0, i) for i in node_rank[3:]] + [(op_estimates[op], 1, op) for op in op_rank[1:]]
+                for _, kind, what in sorted(ranked, key=lambda r: -r[0]):
+                    c = node_cost[what] if kind == 0 else op_cost[what]
+                    if spent + c <= budget:
+                        (run_exactly if kind == 0 else ops_exactly).add(what)
+                        spent += c
+        # the oracle's outputs: the thread computing them has had the torch run and the first-order pass to do it
         if oracle_future is not None:
             oracle_out = oracle_future.result()
-    finally:
-        helper.shutdown(wait=False)
-    clock.lap("float64 oracle, waited for")
-    if oracle_out is not None:
-        for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
-            r = compare(oracle_out, outs)
-            table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
-    unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
-    drifts, first_divergence = drift_future.result()
-    local_errors = errors_future.result()
-    # the exact swaps (single nodes, then op types), side by side where torch leaves cores idle; a large
-    # graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
-    node_jobs = [i for i in range(len(keys)) if not no_op(i) and i in run_exactly]
-    op_jobs = [op for op, idx in members_of.items() if len(idx) > 1 and op in ops_exactly and not all(no_op(i) for i in idx)]
-    jobs = [[i] for i in node_jobs] + [members_of[op] for op in op_jobs]
-    results: list[tuple[float, float, float, float | None, float | None]] = []
-    shown_from = 1 if len(keys) >= progress.BLAME_MIN_NODES else len(jobs) + 2
-    with progress.bar(len(jobs) + 1, "ortdiff blame", unit="swap", min_total=shown_from) as shown:
-        workers = _swap_workers(len(jobs), float(ns.mean()) if ns.size else 0.0)
-        if workers > 1:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ortdiff-swap") as pool:
-                for res in pool.map(swap, jobs):  # (in order: the same table whatever the threads)
-                    results.append(res)
+        clock.lap("float64 oracle, waited for")
+        if oracle_out is not None:
+            for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
+                r = compare(oracle_out, outs)
+                table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
+        unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
+        drifts, first_divergence = drift_future.result()
+        local_errors = errors_future.result()
+        # the exact swaps (single nodes, then op types), side by side where torch leaves cores idle; a large
+        # graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
+        node_jobs = [i for i in range(len(keys)) if not no_op(i) and i in run_exactly]
+        op_jobs = [op for op, idx in members_of.items() if len(idx) > 1 and op in ops_exactly and not all(no_op(i) for i in idx)]
+        jobs = [[i] for i in node_jobs] + [members_of[op] for op in op_jobs]
+        results: list[tuple[float, float, float, float | None, float | None]] = []
+        shown_from = 1 if len(keys) >= progress.BLAME_MIN_NODES else len(jobs) + 2
+        with progress.bar(len(jobs) + 1, "ortdiff blame", unit="swap", min_total=shown_from) as shown:
+            # (your own kernels, callables, run one swap at a time: they need not be thread-safe)
+            workers = 1 if any(callable(v) for v in kernels.values()) else _swap_workers(len(jobs), float(ns.mean()) if ns.size else 0.0)
+            if workers > 1:
+                with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ortdiff-swap", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)) as pool:
+                    for res in pool.map(swap, jobs):  # (in order: the same table whatever the threads)
+                        results.append(res)
+                        shown.update()
+            else:
+                for job in jobs:
+                    results.append(swap(job))
                     shown.update()
-        else:
-            for job in jobs:
-                results.append(swap(job))
-                shown.update()
-        shown.update()
-    swapped = dict(zip(node_jobs, results, strict=False))
-    op_swapped = dict(zip(op_jobs, results[len(node_jobs) :], strict=True))
-    clock.lap("swaps")
-    for i, node in enumerate(m.graph.node):
-        skipped = no_op(i)
-        exact = skipped or i in swapped
-        if skipped:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = unchanged
-        elif exact:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = swapped[i]
-        else:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = estimates.get(i, 0.0), None, None, None, None
-        local_abs, local_ulp = local_errors.get(i, (0.0, 0.0))
-        rows.append(BlameRow(keys[i], node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drifts[i], o_abs, o_ulp, skipped=skipped, scope=scopes[i], exact=exact))
+            shown.update()
+        swapped = dict(zip(node_jobs, results, strict=False))
+        op_swapped = dict(zip(op_jobs, results[len(node_jobs) :], strict=True))
+        clock.lap("swaps")
 
-    op_rows: list[BlameRow] = []
-    for op, indices in members_of.items():
-        members = [r for r in rows if r.op_type == op]
-        if len(members) == 1:
-            op_rows.append(replace(members[0], node=op, scope=""))
-            continue
-        # every member bit-identical on onnxruntime: swapping them all changes nothing either (each one's
-        # inputs stay the torch run's, by induction along the graph)
-        skipped = all(no_op(i) for i in indices)
-        exact = skipped or op in op_swapped
-        if skipped:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = unchanged
-        elif exact:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = op_swapped[op]
-        else:
-            explained, vs_ort, vs_torch, o_abs, o_ulp = op_estimates.get(op, 0.0), None, None, None, None
-        local_abs = max(r.local_max_abs for r in members)
-        local_ulp = max(r.local_max_ulp for r in members)
-        member_drifts = [r.drift_max_abs for r in members if r.drift_max_abs is not None]
-        op_rows.append(BlameRow(op, op, explained, vs_ort, vs_torch, local_abs, local_ulp, max(member_drifts) if member_drifts else None, o_abs, o_ulp, skipped=skipped, exact=exact))
+        def outcome(skipped: bool, got: tuple[float, float, float, float | None, float | None] | None, estimate: float) -> tuple[float, float | None, float | None, float | None, float | None]:
+            """A row's numbers: the torch run's for a no-op swap, the swap's where it ran, else the estimate."""
+            return unchanged if skipped else got if got is not None else (estimate, None, None, None, None)
 
-    rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp))  # stable: graph order among equals
-    op_rows.sort(key=lambda r: -r.explained)
-    clock.lap("rows")
-    # onnxruntime inserts Casts only around nodes reading float16 (its InsertCastTransformer): without a
-    # float16 value there is nothing to note, and no session to build for it
-    has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in torch_all.values())
-    notes = ort_graph_notes(named(), provider) if has_fp16 and not gap.is_exact else []
-    clock.lap("onnxruntime graph notes")
-    return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes, nodes_recomputed=swapper.executed, timings=clock.laps)
+        for i, node in enumerate(m.graph.node):
+            skipped = no_op(i)
+            exact = skipped or i in swapped
+            explained, vs_ort, vs_torch, o_abs, o_ulp = outcome(skipped, swapped.get(i), estimates.get(i, 0.0))
+            local_abs, local_ulp = local_errors.get(i, (0.0, 0.0))
+            rows.append(BlameRow(keys[i], node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drifts[i], o_abs, o_ulp, skipped=skipped, scope=scopes[i], exact=exact))
+
+        op_rows: list[BlameRow] = []
+        for op, indices in members_of.items():
+            members = [r for r in rows if r.op_type == op]
+            if len(members) == 1:
+                op_rows.append(replace(members[0], node=op, scope=""))
+                continue
+            # every member bit-identical on onnxruntime: swapping them all changes nothing either (each one's
+            # inputs stay the torch run's, by induction along the graph)
+            skipped = all(no_op(i) for i in indices)
+            exact = skipped or op in op_swapped
+            explained, vs_ort, vs_torch, o_abs, o_ulp = outcome(skipped, op_swapped.get(op), op_estimates.get(op, 0.0))
+            local_abs = max(r.local_max_abs for r in members)
+            local_ulp = max(r.local_max_ulp for r in members)
+            member_drifts = [r.drift_max_abs for r in members if r.drift_max_abs is not None]
+            op_rows.append(BlameRow(op, op, explained, vs_ort, vs_torch, local_abs, local_ulp, max(member_drifts) if member_drifts else None, o_abs, o_ulp, skipped=skipped, exact=exact))
+
+        rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp))  # stable: graph order among equals
+        op_rows.sort(key=lambda r: -r.explained)
+        clock.lap("rows")
+        # onnxruntime inserts Casts only around nodes reading float16 (its InsertCastTransformer): without a
+        # float16 value there is nothing to note, and no session to build for it
+        has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in torch_all.values())
+        notes = ort_graph_notes(named(), provider) if has_fp16 and not gap.is_exact else []
+        clock.lap("onnxruntime graph notes")
+        return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes, nodes_recomputed=swapper.executed, timings=clock.laps)
+    finally:
+        if not torch_done.done():
+            torch_done.cancel()  # (the threads waiting for the torch run end)
+        helper.shutdown(wait=False, cancel_futures=True)  # (after an error: what still runs ends on its own)
 
 
 def _swap_workers(jobs: int, node_ns: float) -> int:

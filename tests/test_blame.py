@@ -608,3 +608,76 @@ def test_graph_notes_need_no_session_without_float16(monkeypatch: pytest.MonkeyP
     model, feeds, kernels = _zoo("lnmm_planted")
     table = blame(model, feeds, kernels=kernels)
     assert not table.gap.is_exact and table.notes == []
+
+
+def _tanh_chain() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """MatMul/Tanh chain beside one large Softmax (a node modelled well over 10 µs: swaps may run side by
+    side), and two dead nodes (Neg -> Exp of the input, which no output needs: the torch run skips them)."""
+    r = np.random.RandomState(0)
+    inits = [onnx.numpy_helper.from_array(r.randn(32, 32).astype(np.float32), f"W{i}") for i in range(3)]
+    nodes = [
+        oh.make_node("MatMul", ["x", "W0"], ["h0"], name="mm0"),
+        oh.make_node("Tanh", ["h0"], ["t0"], name="tanh0"),
+        oh.make_node("MatMul", ["t0", "W1"], ["h1"], name="mm1"),
+        oh.make_node("Tanh", ["h1"], ["t1"], name="tanh1"),
+        oh.make_node("MatMul", ["t1", "W2"], ["y"], name="mm2"),
+        oh.make_node("Softmax", ["z"], ["s"], name="big_softmax"),
+        oh.make_node("Neg", ["x"], ["d1"], name="dead1"),
+        oh.make_node("Exp", ["d1"], ["d2"], name="dead2"),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [5, 32]), oh.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [4, 100000])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [5, 32]), oh.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [4, 100000])],
+        inits,
+    )
+    model = oh.make_model(graph, ir_version=9, opset_imports=[oh.make_opsetid("", 18)])
+    return model, {"x": r.randn(5, 32).astype(np.float32), "z": r.randn(4, 100000).astype(np.float32)}
+
+
+def test_swaps_side_by_side_give_the_serial_table(one_torch_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # swap threads run torch with the caller's thread count: in a fresh thread OpenMP/MKL would be at their
+    # defaults and a small MatMul would take another path (other bits: tanh0 explained 0.49 instead of 0.60)
+    import importlib
+
+    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    model, feeds = _tanh_chain()
+
+    def rows(t: Any) -> list[tuple[Any, ...]]:
+        return [(r.node, r.explained, r.vs_ort, r.vs_torch, r.oracle_max_abs) for r in t.rows] + [(r.op_type, r.explained, r.vs_ort) for r in t.op_rows]
+
+    monkeypatch.setattr(blame_module, "_PARALLEL_NODE_NS", float("inf"))
+    serial = rows(blame(model, feeds, budget=None))
+    monkeypatch.setattr(blame_module, "_PARALLEL_NODE_NS", 0.0)
+    workers = blame_module._swap_workers(8, 1.0)
+    for _ in range(3):
+        assert rows(blame(model, feeds, budget=None)) == serial, f"{workers} swap threads"
+
+
+def test_local_outputs_session_made_before_the_torch_run_leaves_out_dead_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # shape inference types the dead nodes' values, which the torch run never computes: they are left out
+    # of the session made from the declared types (no second session made from the values), and the rows
+    # are those of the values' own session
+    import importlib
+
+    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    model, feeds = _tanh_chain()
+    made: list[bool] = []
+    combined = blame_module._combined_session
+
+    def spy(m: Any, graph: Any, picked: Any, provider: str, known: Any, values: Any) -> Any:
+        made.append(known is not None)
+        return combined(m, graph, picked, provider, known, values)
+
+    monkeypatch.setattr(blame_module, "_combined_session", spy)
+    table = blame(model, feeds)
+    assert made == [True]
+    ev = TorchEvaluator(model)
+    values = ev.run(None, feeds, intermediates=True, specialise=False)
+    assert "d1" not in values and "d1" in ev.value_types
+    graph = blame_module._Graph(ev)
+    typed = blame_module._local_outputs(model, graph, lambda: values, "CPU", ev.opsets, ev.value_types)
+    plain = blame_module._local_outputs(model, graph, values, "CPU", ev.opsets)
+    assert set(typed) == set(plain) and all(blame_module._same_bits(a, b) for i in plain for a, b in zip(plain[i], typed[i], strict=True))
+    assert {r.node for r in table if r.node.startswith("dead")} == {"dead1", "dead2"}
