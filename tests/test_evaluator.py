@@ -856,3 +856,22 @@ def test_gather_on_axis_0_wraps_negative_indices() -> None:
     np.testing.assert_array_equal(y.numpy(), np.take(data, idx, axis=0))
     with pytest.raises(RuntimeError, match=r"out of bounds|out of range"):
         TorchEvaluator(model).run(None, {"d": data, "i": np.array([[6, 0], [0, 0]], dtype=np.int32)})
+
+
+def test_observe_keeps_an_initializer_a_direct_kernel_built_in_until_its_kernel_reads_it() -> None:
+    """Identity(w) then LayerNormalization(x, w, b): the plan's direct LayerNorm has w and b built in, so the
+    plan frees w after the Identity; an observed run calls LayerNorm's own run, which reads w (the
+    TorchScript ViT export's norm1.weight failed so)."""
+    TP = onnx.TensorProto
+    w = onnx.numpy_helper.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "w")
+    b = onnx.numpy_helper.from_array(np.linspace(-0.1, 0.1, 8, dtype=np.float32), "b")
+    nodes = [oh.make_node("Identity", ["w"], ["w_copy"], name="copy"), oh.make_node("LayerNormalization", ["x", "w", "b"], ["y"], name="ln", axis=-1)]
+    graph = oh.make_graph(nodes, "g", [vi("x", TP.FLOAT, [3, 8])], [vi("w_copy", TP.FLOAT, [8]), vi("y", TP.FLOAT, [3, 8])], [w, b])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    ev = TorchEvaluator(model)
+    seen: dict[str, torch.Tensor] = {}
+    observed = ev.run(None, {"x": x}, observe=lambda node, outs: seen.update(outs))
+    plain = ev.run(None, {"x": x})
+    assert set(seen) == {"w_copy", "y"} and all(torch.equal(a, b_) for a, b_ in zip(observed, plain, strict=True))
+    assert torch.equal(plain[1], F.layer_norm(x, (8,), torch.tensor(onnx.numpy_helper.to_array(w)), torch.tensor(onnx.numpy_helper.to_array(b))))

@@ -316,11 +316,24 @@ def _execute_observed(plan: _Plan, values: dict[Any, Any], keep: Collection[str]
     (outputs nobody reads included): memory stays at the live values, whatever `observe` looks at. The
     kernels run below autograd when `below_autograd`, `observe` never does (it may use autograd)."""
     steps = [_Step._make(step) for step in plan]
-    read = {x for step in steps for x in step.args if x} | set(keep)
+    # a direct step runs its kernel's own run here, which reads every input, the initializers its direct
+    # callable built in too: the values are freed after their last read by what runs here, not by the
+    # plan's frees (an initializer read by an Identity and built into a later LayerNorm would be gone)
+    names_of = [step.inputs if step.arity in (_UNARY1, _BINARY1) else step.args for step in steps]
+    kept = set(keep)
+    last: dict[str, int] = {}
+    for j, names in enumerate(names_of):
+        for x in names:
+            if x:
+                last[x] = j
+    frees: list[list[str]] = [[] for _ in steps]
+    for x, j in last.items():
+        if x not in kept:
+            frees[j].append(x)
+    read = set(last) | kept
     step: _Step | None = None
     try:
-        for step in steps:
-            names = step.inputs if step.arity in (_UNARY1, _BINARY1) else step.args
+        for step, names, free in zip(steps, names_of, frees, strict=True):
             run = step.kernel.run if step.arity in (_UNARY1, _BINARY1) else step.run  # the tuple-returning run
             with _BELOW_AUTOGRAD() if below_autograd else contextlib.nullcontext():  # type: ignore[misc]
                 res = run(*[values[x] if x else None for x in names])
@@ -328,7 +341,7 @@ def _execute_observed(plan: _Plan, values: dict[Any, Any], keep: Collection[str]
             outs.pop("", None)
             values.update(outs)
             observe(step.kernel.node, outs)
-            for x in (step.free1,) if step.free1 is not None else step.free:
+            for x in free:
                 del values[x]
             for x in outs:
                 if x not in read:
