@@ -1272,6 +1272,18 @@ def _first_order(
     at: list[tuple[int, torch.Tensor, torch.Tensor, str]] = []  # (candidate, its output in the graph, onnxruntime's, name)
     vals: dict[str, Any] = {}
     chosen = set(candidates)
+    # each recomputed value is dropped after its last reader (what backward needs, autograd keeps): the
+    # memory freed is handed out again to the nodes after, instead of new pages on a large graph
+    last: dict[str, int] = {}
+    for i, reads in enumerate(graph.inputs):
+        for x in reads:
+            if x:
+                last[x] = i
+    kept = set(outputs)
+    frees: dict[int, list[str]] = {}
+    for x, i in last.items():
+        if x not in kept:
+            frees.setdefault(i, []).append(x)
     with torch.enable_grad():
         for i, node in enumerate(graph.nodes):
             ins = [vals.get(x, values.get(x)) if x else None for x in graph.inputs[i]]
@@ -1291,7 +1303,10 @@ def _first_order(
                     # a tensor of its own (a kernel may return its input) that the gradient reaches
                     y = y.view_as(y) if y.requires_grad else y.detach().requires_grad_()
                     at.append((i, y, theirs, o))
-                vals[o] = y
+                if o in last or o in kept:  # (an output nobody reads is not kept either)
+                    vals[o] = y
+            for x in frees.get(i, ()):
+                vals.pop(x, None)
         outs = [vals.get(o, values.get(o)) for o in outputs]
         terms = [
             (a.to(torch.float64) - b.to(a.device, torch.float64)).abs().nan_to_num(0.0, 0.0, 0.0).sum()
