@@ -268,7 +268,7 @@ def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
 def ort_intermediates(model: Any, feeds: Mapping[str, Any], provider: str = "CPU") -> dict[str, torch.Tensor]:
     """Every node output as computed by onnxruntime (each exposed as a graph output)."""
     exposed = expose_all_values(load_model(model))
-    runner = OrtRunner(exposed, provider=provider)
+    runner = OrtRunner(exposed, provider=provider, cache=False)  # (a session for one run: not kept)
     names = runner.output_names
     return dict(zip(names, runner.run(names, feeds), strict=True))
 
@@ -848,7 +848,7 @@ def _combined_session(
         # node whose output is not a graph output), so each node runs as OrtKernel's one-node model runs
         # it (the tests hold the two to the same bits); the optimizers' passes over a graph of thousands
         # of nodes cost as much as the rest of the session
-        runner = OrtRunner(combined, provider=provider, session_options={"graph_optimization_level": "disable"})
+        runner = OrtRunner(combined, provider=provider, session_options={"graph_optimization_level": "disable"}, cache=False)
         runner.session  # noqa: B018  (created here, in the caller's thread, while torch runs)
     except Exception:
         return None

@@ -109,6 +109,17 @@ def test_sessions_are_cached_per_model(m32: onnx.ModelProto) -> None:
     assert OrtRunner(other).session is not a
 
 
+def test_an_uncached_runner_makes_its_own_session_and_keeps_none(m32: onnx.ModelProto, f32: dict) -> None:
+    from pytest_ortdiff.runtimes import ort as ort_module
+
+    cached = OrtRunner(m32).session
+    before = dict(ort_module._SESSIONS)
+    own = OrtRunner(m32, cache=False)
+    assert own.session is not cached and own.session is own.session  # its own, made once
+    assert dict(ort_module._SESSIONS) == before  # nothing added to the cache
+    assert torch.equal(own.run(None, f32)[0], OrtRunner(m32).run(None, f32)[0])
+
+
 def test_session_options_dict_is_applied_and_cached_separately(m32: onnx.ModelProto, f32: dict) -> None:
     default = OrtRunner(m32).session
     opts = {"intra_op_num_threads": 1, "graph_optimization_level": "disable"}

@@ -193,8 +193,12 @@ class OrtRunner:
         provider: str = "CPU",
         session_options: SessionOptionsLike | None = None,
         provider_options: Mapping[str, Any] | None = None,
+        cache: bool = True,
     ) -> None:
         self.provider = parse_provider(provider)
+        #: sessions are shared through the process-wide cache; False: this runner's own, made for one use
+        #: (nothing hashed, nothing kept once the runner is gone)
+        self.cache = cache
         self.model_bytes = model_bytes(model)
         self.session_options = session_options
         self.provider_options = dict(provider_options or {})
@@ -226,6 +230,8 @@ class OrtRunner:
         return self._session
 
     def _get_session(self) -> Any:
+        if not self.cache:
+            return self._create()
         digest = hashlib.sha1(self.model_bytes).hexdigest()
         # (the path too where the data is outside the bytes: two folders may hold different weights)
         key = (digest, self.model_path, self.provider, _options_key(self.session_options), tuple(sorted(self.provider_options.items())))
