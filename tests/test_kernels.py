@@ -453,6 +453,45 @@ def test_pow_output_has_base_type(base: np.ndarray, exponent: np.ndarray) -> Non
     )
 
 
+@pytest.mark.parametrize(("exponent", "eager"), [(2.0, lambda x: x.pow(2)), (0.5, lambda x: x**0.5), (-1.0, lambda x: x ** -1.0), (3.0, lambda x: x.pow(3))])
+def test_pow_by_a_constant_computes_as_eager_torch_and_squares_as_onnxruntime(exponent: float, eager: Any) -> None:
+    """RMSNorm's Pow(x, 2) as exported from `x.pow(2)`: a one-element exponent goes to torch as a number,
+    so the evaluator computes what the module did (x * x for 2), bit for bit, on the planned (direct) path
+    and through the kernel's run alike; onnxruntime squares as x * x too. A one-element exponent of higher
+    rank still broadcasts."""
+    from pytest_ortdiff import OrtRunner, TorchEvaluator
+
+    x = (torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(0)) * 3).abs() + 0.1
+    e = onnx.numpy_helper.from_array(np.array(exponent, np.float32), "e")
+    graph = helper.make_graph(
+        [helper.make_node("Pow", ["x", "e"], ["y"])],
+        "pow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32, 64])],
+        [e],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    ev = TorchEvaluator(model)
+    (planned,) = ev.run(None, {"x": x})
+    (observed,) = ev.run(None, {"x": x}, observe=lambda node, outs: None)  # the kernel's own run
+    assert torch.equal(planned, eager(x)) and torch.equal(observed, planned)
+    if exponent == 2.0:
+        assert torch.equal(planned, x * x) and torch.equal(OrtRunner(model).run(None, {"x": x})[0], planned)
+    wide = np.array(exponent, np.float32).reshape(1, 1, 1, 1)  # broadcasts the base to rank 4
+    (got,) = run_kernel(model_for_pow(wide), KernelContext(device=CPU, opset=18), [x[0, 0], torch.from_numpy(wide)])
+    assert got.shape == (1, 1, 1, 64) and torch.equal(got.reshape(-1), eager(x[0, 0]))
+
+
+def model_for_pow(exponent: np.ndarray) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Pow", ["b", "e"], ["y"])],
+        "pow",
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, [64]), helper.make_tensor_value_info("e", TensorProto.FLOAT, list(exponent.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 64])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
 # -- Cast -------------------------------------------------------------------------------------------
 
 _FRACTIONS = np.array([-2.7, -1.5, -0.5, 0.0, 0.4, 1.5, 2.5, 3.99], dtype=np.float32)
