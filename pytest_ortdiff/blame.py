@@ -748,13 +748,18 @@ def _local_job(
     opsets: Mapping[str, int],
     types: Mapping[str, onnx.TypeProto.Tensor] | None,
 ) -> _Local:
-    """`_local_outputs`, then each node's no-op verdict, in the thread that made them."""
+    """`_local_outputs`, then each node's no-op verdict, in the thread that made them. A no-op node's
+    outputs are the torch run's own tensors afterwards (the same bits and layout, by the verdict): the
+    copies onnxruntime made are let go."""
     local = _local_outputs(m, graph, values, provider, opsets, types)
     vals = values()
     no_op = []
     for i, node in enumerate(graph.nodes):
         got = local.get(i)
-        no_op.append(got is not None and all(not o or _same_bits(y, vals.get(o)) for o, y in zip(node.output, got, strict=False)))
+        same = got is not None and all(not o or _same_bits(y, vals.get(o)) for o, y in zip(node.output, got, strict=False))
+        no_op.append(same)
+        if same:
+            local[i] = tuple(vals.get(o) if o else None for o in node.output)
     return _Local(local, no_op)
 
 
@@ -768,12 +773,14 @@ def _drifts(
     nodes: Sequence[onnx.NodeProto],
     keys: Sequence[str],
     values: Callable[[], Mapping[str, Any]],
-    ort_values: Callable[[], Mapping[str, Any]],
+    ort_values: Callable[[], dict[str, Any]],
     tolerance: Tolerance | None,
+    keep: Collection[str],
 ) -> tuple[list[float | None], str | None]:
     """Each node's drift (its first output in the torch run against the onnxruntime run, max abs; None
     where they cannot be compared) and the first node whose drift `tolerance` rejects (any drift without
-    one), described."""
+    one), described. Then the onnxruntime run's values but `keep` (the graph's outputs) are let go: nothing
+    else reads them, and on a large graph they are as much memory as the torch run's."""
     torch_all, ort_all = values(), ort_values()
     drifts: list[float | None] = []
     first = None
@@ -786,6 +793,8 @@ def _drifts(
             full = compare(x, y, tolerance=tolerance.allclose if tolerance is not None else None)
             if bool(tolerance.check(full)) if tolerance is not None else True:
                 first = f"{key} ({node.op_type}): max abs {g(full.max_abs)}, {full.mismatches:,}/{full.n:,} elements differ"
+    for name in [n for n in ort_all if n not in keep]:
+        del ort_all[name]
     return drifts, first
 
 
@@ -1078,7 +1087,7 @@ def blame(
         local_future = helper.submit(_local_job, m, graph, torch_done.result, provider, base.opsets, base.value_types)
         # each node's drift (its output in the torch run against the onnxruntime run) once both are there,
         # and its local error once the local outputs are
-        drift_future = helper.submit(_drifts, m.graph.node, keys, torch_done.result, ort_future.result, tolerance)
+        drift_future = helper.submit(_drifts, m.graph.node, keys, torch_done.result, ort_future.result, tolerance, base.output_names)
         errors_future = helper.submit(_local_errors, graph, torch_done.result, local_future.result)
         clock.lap("graph")
         # every value of one torch run, through the plain plan (a run that happens once records no
