@@ -848,12 +848,17 @@ def test_runs_below_autograd_give_ordinary_tensors_and_gradients_still_flow() ->
 
 
 def test_gather_on_axis_0_wraps_negative_indices() -> None:
-    """Gather's axis-0 path (one indexing op): negative and int32 indices, against numpy's take."""
+    """Gather's axis-0 paths (index_select, indexing where an index is negative): negative and int32
+    indices, against numpy's take."""
     data = np.arange(24, dtype=np.float32).reshape(6, 4)
     idx = np.array([[0, -1], [5, -6]], dtype=np.int32)
     model = make_model([oh.make_node("Gather", ["d", "i"], ["y"], axis=0)], [vi("d", TP.FLOAT, [6, 4]), vi("i", TP.INT32, [2, 2])], [vi("y", TP.FLOAT, [2, 2, 4])])
     (y,) = TorchEvaluator(model).run(None, {"d": data, "i": idx})
     np.testing.assert_array_equal(y.numpy(), np.take(data, idx, axis=0))
+    ahead = np.array([[0, 3], [5, 2]], dtype=np.int32)  # no negative index: index_select's copy of the rows
+    (y,) = TorchEvaluator(model).run(None, {"d": data, "i": ahead})
+    assert y.is_contiguous() and y.shape == (2, 2, 4)
+    np.testing.assert_array_equal(y.numpy(), np.take(data, ahead, axis=0))
     with pytest.raises(RuntimeError, match=r"out of bounds|out of range"):
         TorchEvaluator(model).run(None, {"d": data, "i": np.array([[6, 0], [0, 0]], dtype=np.int32)})
 

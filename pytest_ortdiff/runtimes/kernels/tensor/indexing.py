@@ -38,6 +38,14 @@ class Gather(Kernel):
             i = int(indices)
             return (data.select(axis, i + data.shape[axis] if i < 0 else i),)
         if axis == 0 and data.is_contiguous():
+            if data.device.type == "cpu":
+                # index_select copies the rows (5x faster than indexing for an embedding table of 50,000
+                # rows) and raises on a negative index, which indexing then wraps (a CUDA index_select
+                # would assert on the device instead of raising: there indexing does it all)
+                try:
+                    return (data.index_select(0, indices.reshape(-1)).reshape(indices.shape + data.shape[1:]),)
+                except IndexError:
+                    pass
             # indexing wraps negative indices and checks bounds itself: one op for _wrap's three and
             # index_select's (the same contiguous copy of the same rows)
             return (data[indices if indices.dtype == torch.int64 else indices.to(torch.int64)],)
