@@ -493,7 +493,7 @@ def _max_ulp(eb: np.ndarray, gb: np.ndarray) -> float:
 
 def _sum_abs(d: np.ndarray, masked64: np.ndarray | None, dtype: torch.dtype) -> float:
     """sum |e - g| in compare's order: its chunks and worker ranges (see diff._cpu_pass), a chunk of finite
-    differences summed as diff._fast_chunk does, one holding NaN/Inf as diff._exact_chunk does (in float64,
+    differences summed as diff._fast_chunk does (diff.lane_sum), one holding NaN/Inf as diff._exact_chunk does (in float64,
     mismatches and equal NaN/Inf as 0). `d`: the flat |e - g| in the work dtype; `masked64`: that, masked,
     in float64 (None when every difference is finite)."""
     with np.errstate(all="ignore"):  # (a float32 sum that overflows is redone in float64)
@@ -504,7 +504,7 @@ def _chunked_sum(d: np.ndarray, masked64: np.ndarray | None, dtype: torch.dtype)
     n = d.size
     convert = dtype in (torch.float16, torch.bfloat16)  # (their chunks are whole pieces of the cast)
     if masked64 is None and n <= (_diff._SERIAL if convert else _diff._CHUNK):  # the usual case: one chunk
-        return _fast_sum(d)
+        return _diff.lane_sum(d)
     chunk = max(1, min(_diff._CHUNK, n))
     n_chunks = -(-n // chunk)
     workers = min(_diff._MAX_WORKERS, torch.get_num_threads(), n_chunks)
@@ -520,25 +520,11 @@ def _chunked_sum(d: np.ndarray, masked64: np.ndarray | None, dtype: torch.dtype)
             stop = min(hi, start + step)
             c = d[start:stop]
             if masked64 is None or math.isfinite(float(c.max())):
-                part += _fast_sum(c)
+                part += _diff.lane_sum(c)
             else:
                 part += float(masked64[start:stop].sum())
         total += part
     return total
-
-
-def _fast_sum(d: np.ndarray) -> float:
-    """diff._fast_chunk's sum: float32 lanes added down the rows, the lane sums in float64 (a float32
-    overflow redone in float64)."""
-    k = d.size
-    lanes = next((w for w in (2048, 1024, 512) if k % w == 0 and k >= 16 * w), 0)
-    if lanes:
-        s = float(np.add.reduce(np.add.reduce(d.reshape(-1, lanes), axis=0), dtype=np.float64))
-    else:
-        s = float(np.add.reduce(d))
-    if s == math.inf:
-        s = float(np.add.reduce(d, dtype=np.float64))
-    return s
 
 
 class _Graph:

@@ -923,12 +923,11 @@ class _Buffers:
         self.floor: np.ndarray | None = None
 
 
-def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m: float, start: int, st: _Stats, bufs: _Buffers) -> None:
-    """A chunk whose values and differences are all finite; m = max(d)."""
+def lane_sum(d: np.ndarray) -> float:
+    """sum(d) of a chunk of finite |e - g|: float32 lanes added down the rows (vectorized; numpy's pairwise
+    sum is not), the lane sums in float64; a float32 overflow redone in float64. blame sums in this order
+    too, to get compare's mean to the bit."""
     k = d.size
-    mask = bufs.mask[:k]
-    # sum: float32 lanes added down the rows (vectorized; numpy's pairwise sum is not), the lane sums
-    # in float64; a float32 overflow is redone in float64
     lanes = next((w for w in (2048, 1024, 512) if k % w == 0 and k >= 16 * w), 0)
     if lanes:
         s = float(np.add.reduce(np.add.reduce(d.reshape(-1, lanes), axis=0), dtype=np.float64))
@@ -936,7 +935,14 @@ def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m
         s = float(np.add.reduce(d))
     if s == math.inf:
         s = float(np.add.reduce(d, dtype=np.float64))
-    st.sum_abs += s
+    return s
+
+
+def _fast_chunk(ew: np.ndarray, eb: np.ndarray, gb: np.ndarray, d: np.ndarray, m: float, start: int, st: _Stats, bufs: _Buffers) -> None:
+    """A chunk whose values and differences are all finite; m = max(d)."""
+    k = d.size
+    mask = bufs.mask[:k]
+    st.sum_abs += lane_sum(d)
     if m >= st.max_abs:  # a tie may sit before the argmax so far (see see_max)
         st.see_max(m, start + int(d.argmax()))
     if m == 0:  # identical chunk: nothing else to count
