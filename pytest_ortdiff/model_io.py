@@ -128,6 +128,24 @@ def expose_all_values(model: onnx.ModelProto) -> onnx.ModelProto:
     return exposed
 
 
+def exposed_bytes(model: onnx.ModelProto, data: bytes | None = None) -> bytes:
+    """`expose_all_values(model)` serialized, from the model's own serialized bytes `data` when given: the
+    outputs it adds follow them as a second message holding only those outputs, which protobuf parses
+    into the first (a repeated field's items appended). The weights are neither copied nor serialized
+    again (on a graph of thousands of nodes, that took as long as a run)."""
+    import onnx
+
+    extra = onnx.ModelProto()
+    outputs = extra.graph.output
+    present = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        for o in node.output:
+            if o and o not in present:
+                outputs.add().name = o
+                present.add(o)
+    return (model.SerializeToString() if data is None else data) + extra.SerializeToString()
+
+
 def parse_model(data: bytes, what: str = "the model's bytes") -> onnx.ModelProto:
     """Serialized bytes -> ModelProto; ModelLoadError naming `what` (a file name, quoted) when they are
     not an ONNX model (protobuf's DecodeError never escapes, nor does a message without a graph)."""

@@ -13,7 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pytest_ortdiff.model_io import ModelLoadError, load_model
+from pytest_ortdiff import models
+from pytest_ortdiff.model_io import ModelLoadError, expose_all_values, exposed_bytes, load_model
 
 W = np.arange(4, dtype=np.float32).reshape(2, 2)
 
@@ -115,3 +116,14 @@ def test_iter_graphs_and_has_subgraph_reach_nested_bodies() -> None:
     # depth first, attributes in their stored order (onnx.helper sorts them: else_branch before then_branch)
     assert [g.name for g in iter_graphs(graph)] == ["main", "inner", "body", "inner", "inner"]
     assert [has_subgraph(n) for n in graph.node] == [True, False]
+
+
+def test_exposed_bytes_parse_as_the_model_with_every_value_exposed() -> None:
+    """The outputs follow the model's own bytes as a second message; protobuf merges it into the first."""
+    model = models.layer_norm_matmul_add(dtype="float32")
+    want = expose_all_values(model)
+    for data in (model.SerializeToString(), None):
+        got = onnx.ModelProto()
+        got.ParseFromString(exposed_bytes(model, data))
+        assert got == want
+        assert [o.name for o in got.graph.output] == ["Z", "norm", "mm"]
