@@ -31,17 +31,48 @@ class OrtKernel(Kernel):
         self.provider = "CUDA" if ctx.device.type == "cuda" else "CPU"
         self._runners: dict[tuple[Any, ...], tuple[OrtRunner, list[str], list[str]]] = {}
         self._float32_for: set[tuple[Any, ...]] = set()  # input signatures onnxruntime lacks in float64
+        # True once onnxruntime refused the model with symbolic dims: a session per input shape from then on
+        self._exact_shapes = False
+
+    def _key(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[Any, ...]:
+        if self._exact_shapes:
+            return tuple((x.dtype, tuple(x.shape)) if x is not None else None for x in inputs)
+        return tuple((x.dtype, x.dim()) if x is not None else None for x in inputs)
 
     def _runner(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[OrtRunner, list[str], list[str]]:
-        key = tuple((x.dtype, x.dim()) if x is not None else None for x in inputs)
-        hit = self._runners.get(key)
+        hit = self._runners.get(self._key(inputs))
         if hit is not None:
             return hit
+        try:
+            hit = self._make_runner(inputs, exact=self._exact_shapes)
+        except UnsupportedByProviderError:
+            raise
+        except Exception:
+            if self._exact_shapes:
+                raise
+            # onnxruntime's shape inference refuses a few nodes whose inputs have symbolic dims (a Resize
+            # given `sizes`: "Number of elements of input 'sizes' (0) must be same as rank of input 'X'"):
+            # declared with the inputs' own shapes, they run
+            try:
+                hit = self._make_runner(inputs, exact=True)
+            except Exception:
+                pass
+            else:
+                self._exact_shapes = True
+                self._runners.clear()
+            if hit is None:
+                raise
+        self._runners[self._key(inputs)] = hit
+        return hit
+
+    def _make_runner(self, inputs: tuple[torch.Tensor | None, ...], *, exact: bool) -> tuple[OrtRunner, list[str], list[str]]:
+        """The node as a one-node model, its session created: its inputs declared with symbolic dims of their
+        ranks (one session for every shape), or with `exact` their own shapes."""
         node = self.node
         in_names = [f"i{i}" if x is not None else "" for i, x in enumerate(inputs)]
         out_names = [f"o{i}" if o else "" for i, o in enumerate(node.output)]
         graph_inputs = [
-            oh.make_tensor_value_info(n, dtype_of(x.dtype).onnx, [f"d{i}_{j}" for j in range(x.dim())])
+            oh.make_tensor_value_info(n, dtype_of(x.dtype).onnx, list(x.shape) if exact else [f"d{i}_{j}" for j in range(x.dim())])
             for i, (n, x) in enumerate(zip(in_names, inputs, strict=True))
             if x is not None
         ]
@@ -51,9 +82,8 @@ class OrtKernel(Kernel):
         opsets = [oh.make_opsetid(d, v) for d, v in self.opsets.items()]
         model = oh.make_model(oh.make_graph([one], f"single_{node.op_type}", graph_inputs, graph_outputs), opset_imports=opsets, ir_version=9)
         runner = OrtRunner(model, provider=self.provider)
-        hit = (runner, [n for n in in_names if n], [n for n in out_names if n])
-        self._runners[key] = hit
-        return hit
+        runner.session  # noqa: B018  (created here: a model onnxruntime refuses fails now, not in the run)
+        return (runner, [n for n in in_names if n], [n for n in out_names if n])
 
     def run(self, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         key = tuple((x.dtype, x.dim()) if x is not None else None for x in inputs)
