@@ -30,7 +30,7 @@ from . import progress
 from .diff import DiffReport, compare
 from .dtypes import DType, dtype_of
 from .formatting import g, table
-from .model_io import expose_all_values, has_subgraph, load_model
+from .model_io import CheckedModel, check_model, exposed_bytes, has_subgraph, load_model
 from .providers import KNOWN, parse_provider, torch_device
 from .results import closer_to_oracle
 from .runtimes.evaluator import MissingKernelError, TorchEvaluator
@@ -267,12 +267,22 @@ def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
 
 def ort_intermediates(model: Any, feeds: Mapping[str, Any], provider: str = "CPU") -> dict[str, torch.Tensor]:
     """Every node output as computed by onnxruntime (each exposed as a graph output)."""
-    exposed = expose_all_values(load_model(model))
+    return _ort_values(exposed_bytes(load_model(model)), feeds, provider)
+
+
+def _ort_values(exposed: bytes, feeds: Mapping[str, Any], provider: str) -> dict[str, torch.Tensor]:
     # a session for one run: not kept, and without onnxruntime's memory arena (an arena grown for one run
     # costs more than it saves: session and run ~2/3 of the time at hidden 256)
     runner = OrtRunner(exposed, provider=provider, session_options=_ONE_RUN, cache=False)
     names = runner.output_names
     return dict(zip(names, runner.run(names, feeds), strict=True))
+
+
+def _checked_ort_values(checked: Callable[[], CheckedModel], feeds: Mapping[str, Any], provider: str) -> dict[str, torch.Tensor]:
+    """`ort_intermediates` from the checked model's serialized bytes (the model is not serialized again;
+    one above 2 GB, checked from its file, is)."""
+    c = checked()
+    return _ort_values(exposed_bytes(c.proto, c.data or None), feeds, provider)
 
 
 #: onnxruntime's session options for a session blame runs once (the CPU allocator's arena off)
@@ -882,7 +892,13 @@ def _run_own_feeds(runner: OrtRunner, names: list[str], feeds: Mapping[str, torc
     if runner.provider != "CPU" or any(t.device.type != "cpu" or t.dtype not in _NUMPY_DTYPES for t in feeds.values()):
         return runner.run(names, feeds)
     arrays = {k: t.detach().contiguous().numpy() for k, t in feeds.items()}
-    return [torch.from_numpy(_own_array(y)) for y in runner.session.run(names, arrays)]
+    session = runner.session
+    # InferenceSession.run checks that every graph input is fed by looking each one up in a list of the
+    # feeds' names: quadratic in the inputs (0.1 s, a run's time, at 3,000 nodes). The feeds are the
+    # model's inputs by construction: its binding's own run, where this onnxruntime has it
+    inner = getattr(session, "_sess", None)
+    run = inner.run if inner is not None and callable(getattr(inner, "run", None)) else session.run
+    return [torch.from_numpy(_own_array(y)) for y in run(names, arrays, None)]
 
 
 def _own_array(y: np.ndarray) -> np.ndarray:
@@ -1056,11 +1072,19 @@ def blame(
     # the oracle is read only by the swaps' rows.
     # (each thread runs torch ops with the calling thread's torch thread count: a new thread would otherwise
     # leave OpenMP/MKL at their defaults, and a MatMul there could take another path and give other bits)
-    helper = ThreadPoolExecutor(max_workers=5, thread_name_prefix="ortdiff-blame", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+    helper = ThreadPoolExecutor(max_workers=6, thread_name_prefix="ortdiff-blame", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
     torch_done: Future[dict[str, Any]] = Future()
     try:
-        ort_future = helper.submit(ort_intermediates, m, feeds, provider)
-        base = TorchEvaluator(m, device=device, kernels=kernels, **extra)
+        # onnx.checker's verdict (cached per model) and the serialized bytes onnxruntime's session is made
+        # from, once: the session with every value exposed takes them as they are, plus its outputs
+        checked = helper.submit(check_model, m)
+        ort_future = helper.submit(_checked_ort_values, checked.result, feeds, provider)
+        try:
+            base = TorchEvaluator(m, device=device, kernels=kernels, check_model=False, **extra)
+        except Exception:
+            checked.result()  # an invalid model: the checker's message, not the evaluator's stumble on it
+            raise
+        checked.result()
         clock.lap("torch evaluator built")
         outputs = list(base.output_names)
         declared = [base.output_dtypes.get(o) for o in outputs]

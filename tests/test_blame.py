@@ -177,6 +177,46 @@ def test_ort_intermediates_expose_every_node_output() -> None:
         assert compare(ev[name], inter[name]).max_abs < 1e-3
 
 
+def _chained_resize_model() -> onnx.ModelProto:
+    """Two linear Resizes given `sizes`, one feeding the other (a decoder's upsampling stages)."""
+    f = onnx.TensorProto.FLOAT
+    nodes = [
+        oh.make_node("Resize", ["X", "", "", "s1"], ["a"], name="up1", mode="linear"),
+        oh.make_node("Mul", ["a", "k"], ["b"], name="scale"),
+        oh.make_node("Resize", ["b", "", "", "s2"], ["Y"], name="up2", mode="linear"),
+    ]
+    inits = [
+        oh.make_tensor("s1", onnx.TensorProto.INT64, [4], [1, 1, 7, 9]),
+        oh.make_tensor("s2", onnx.TensorProto.INT64, [4], [1, 1, 13, 17]),
+        oh.make_tensor("k", f, [], [1.37]),
+    ]
+    graph = oh.make_graph(nodes, "chained_resize", [oh.make_tensor_value_info("X", f, [1, 1, 4, 5])], [oh.make_tensor_value_info("Y", f, [1, 1, 13, 17])], inits)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_an_op_type_swap_reruns_a_resize_given_sizes_on_onnxruntime() -> None:
+    """Swapping every Resize runs the second one again on onnxruntime (its input changed), as a one-node
+    model: onnxruntime's shape inference refuses a Resize given `sizes` whose inputs have symbolic dims,
+    so that model declares the inputs' own shapes. The swap of all of them is onnxruntime's run, exactly."""
+    model = _chained_resize_model()
+    feeds = {"X": torch.randn(1, 1, 4, 5, generator=torch.Generator().manual_seed(0))}
+    table = blame(model, feeds, budget=None)
+    resize = next(r for r in table.op_rows if r.node == "Resize")
+    assert resize.exact and resize.vs_ort == 0.0 and resize.explained == 1.0
+    (ort_y,) = OrtRunner(model).run(None, feeds)
+    (mixed,) = TorchEvaluator(model, kernels={"Resize": "ort"}).run(None, feeds)
+    assert torch.equal(mixed, ort_y)
+
+
+def test_blame_names_the_checker_problem_of_an_invalid_model() -> None:
+    model = _chained_resize_model()
+    del model.graph.output[0].type.tensor_type.shape.dim[:]
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    model.graph.node[1].input[1] = "missing"
+    with pytest.raises(ValueError, match=r"^the model fails onnx\.checker: .*missing.*; fix the graph$"):
+        blame(model, {"X": torch.zeros(1, 1, 4, 5)})
+
+
 BLAME_TEST = """
 import pytest
 from pytest_ortdiff import models
