@@ -16,7 +16,7 @@ import torch
 from .baseline import bit_mismatches
 from .diff import DiffReport, compare
 from .formatting import g, table
-from .model_io import expose_all_values
+from .model_io import exposed_bytes
 
 __all__ = ["VARIATIONS", "ReproducibilityReport", "Variation", "check_reproducible"]
 
@@ -239,7 +239,7 @@ def check_reproducible(
         variations.append(_diff("deterministic_compute", "use_deterministic_compute=False", "use_deterministic_compute=True", ref, got, names))
         settings.append(({**base, "use_deterministic_compute": False}, {**base, "use_deterministic_compute": True}))
     if localise and any(not v.identical and not v.error for v in variations):
-        exposed = expose_all_values(m)
+        exposed = exposed_bytes(m)  # (serialized once for all the sessions below)
         for at, (v, (a, b)) in enumerate(zip(variations, settings, strict=True)):
             if not v.identical and not v.error:
                 variations[at] = replace(v, first_node=_localise_ort(exposed, m, feeds, provider, a, b, runs))
@@ -327,7 +327,7 @@ def _first_differing(nodes: Sequence[onnx.NodeProto], reference: Mapping[str, An
     return _NOT_LOCALISED
 
 
-def _localise_ort(exposed: onnx.ModelProto, m: onnx.ModelProto, feeds: Mapping[str, Any], provider: str, against: Mapping[str, Any], got: Mapping[str, Any] | None, runs: int) -> str:
+def _localise_ort(exposed: bytes, m: onnx.ModelProto, feeds: Mapping[str, Any], provider: str, against: Mapping[str, Any], got: Mapping[str, Any] | None, runs: int) -> str:
     """Every value under `against` vs under `got` (None: `against` again, `runs` times)."""
     from .runtimes.ort import OrtRunner
 
