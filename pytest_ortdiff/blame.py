@@ -1085,6 +1085,7 @@ def blame(
             checked.result()  # an invalid model: the checker's message, not the evaluator's stumble on it
             raise
         checked.result()
+        del checked  # (its serialized model: the onnxruntime thread holds it only while it needs it)
         clock.lap("torch evaluator built")
         outputs = list(base.output_names)
         declared = [base.output_dtypes.get(o) for o in outputs]

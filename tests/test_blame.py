@@ -206,6 +206,9 @@ def test_an_op_type_swap_reruns_a_resize_given_sizes_on_onnxruntime() -> None:
     (ort_y,) = OrtRunner(model).run(None, feeds)
     (mixed,) = TorchEvaluator(model, kernels={"Resize": "ort"}).run(None, feeds)
     assert torch.equal(mixed, ort_y)
+    # in the float64 oracle: onnxruntime has no float64 Resize either, so the node runs in float32
+    (oracle,) = TorchEvaluator(model, kernels={"Resize": "ort"}, compute_dtype=torch.float64).run(None, feeds)
+    assert oracle.dtype == torch.float64 and (oracle - ort_y.double()).abs().max() < 1e-6
 
 
 def test_blame_names_the_checker_problem_of_an_invalid_model() -> None:

@@ -195,6 +195,22 @@ def test_feed_with_wrong_dtype_is_named(m32: onnx.ModelProto, f32: dict) -> None
 # -- bfloat16 -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["proto", "bytes"])
+def test_an_input_declared_without_a_shape_takes_any_rank_and_a_scalar_only_rank_0(as_bytes: bool) -> None:
+    """onnxruntime reports both as shape []: the model's own declaration tells them apart."""
+    f = onnx.TensorProto.FLOAT
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["x", "s"], ["y"])], "shapeless", [oh.make_tensor_value_info("x", f, None), oh.make_tensor_value_info("s", f, [])], [oh.make_tensor_value_info("y", f, None)]
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    runner = OrtRunner(model.SerializeToString() if as_bytes else model)
+    x = torch.arange(6.0).reshape(2, 3)
+    (y,) = runner.run(None, {"x": x, "s": torch.tensor(0.5)})
+    assert torch.equal(y, x + 0.5)
+    with pytest.raises(ValueError, match=re.escape("feed 's' has shape (1,) (rank 1), the model declares float32[]")):
+        runner.run(None, {"x": x, "s": torch.tensor([0.5])})
+
+
 def test_bfloat16_outputs_through_cast() -> None:
     # ORT's CPU provider implements Cast to and from bfloat16 (but not bfloat16 arithmetic)
     model = make_model(

@@ -10,6 +10,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -200,6 +201,8 @@ class OrtRunner:
         #: (nothing hashed, nothing kept once the runner is gone)
         self.cache = cache
         self.model_bytes = model_bytes(model)
+        # the proto given, if one was (what it declares of its inputs, where onnxruntime cannot say)
+        self._proto: onnx.ModelProto | None = model if isinstance(model, onnx.ModelProto) else None
         self.session_options = session_options
         self.provider_options = dict(provider_options or {})
         #: the file onnxruntime opens (a model with external data), else None: it takes the bytes
@@ -295,13 +298,28 @@ class OrtRunner:
         sess = self.session
         names = list(output_names) if output_names else self.output_names
         if self._specs is None:
-            self._specs = session_input_specs(sess.get_inputs())
+            specs = session_input_specs(sess.get_inputs())
+            if any(spec.dims == () for spec in specs.values()):
+                specs = self._shapeless_inputs(specs)
+            self._specs = specs
         check_feeds(self._specs, feeds)  # the one feed check (names, dtypes, ranks, fixed dims) everyone uses
         import onnxruntime
 
         if hasattr(onnxruntime.OrtValue, "from_dlpack"):
             return self._run_bound(sess, names, feeds)
         return self._run_numpy(sess, names, feeds)
+
+    def _shapeless_inputs(self, specs: dict[str, InputSpec]) -> dict[str, InputSpec]:
+        """onnxruntime reports an input declared without a shape as [], as it does a scalar: the model's own
+        declaration tells them apart (read only for a model with such an input), and an input of any rank
+        is not checked as a scalar."""
+        from ..model_io import parse_model
+
+        proto = self._proto
+        if proto is None:
+            proto = onnx.load_model(self.model_path, load_external_data=False) if self.model_path else parse_model(self.model_bytes)
+        shapeless = {i.name for i in proto.graph.input if i.type.HasField("tensor_type") and not i.type.tensor_type.HasField("shape")}
+        return {name: replace(spec, dims=None) if name in shapeless and spec.dims == () else spec for name, spec in specs.items()}
 
     def _run_bound(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         import onnxruntime

@@ -43,27 +43,35 @@ class OrtKernel(Kernel):
         hit = self._runners.get(self._key(inputs))
         if hit is not None:
             return hit
+        exact = self._exact_shapes  # (read once: another thread may switch it while this one builds)
         try:
-            hit = self._make_runner(inputs, exact=self._exact_shapes)
+            hit = self._make_runner(inputs, exact=exact)
         except UnsupportedByProviderError:
             raise
         except Exception:
-            if self._exact_shapes:
+            if exact:
                 raise
             # onnxruntime's shape inference refuses a few nodes whose inputs have symbolic dims (a Resize
             # given `sizes`: "Number of elements of input 'sizes' (0) must be same as rank of input 'X'"):
             # declared with the inputs' own shapes, they run
             try:
                 hit = self._make_runner(inputs, exact=True)
+            except UnsupportedByProviderError:  # (no kernel at this dtype: run() computes in float32 then)
+                self._switch_to_exact_shapes()
+                raise
             except Exception:
                 pass
             else:
-                self._exact_shapes = True
-                self._runners.clear()
+                self._switch_to_exact_shapes()
             if hit is None:
                 raise
         self._runners[self._key(inputs)] = hit
         return hit
+
+    def _switch_to_exact_shapes(self) -> None:
+        if not self._exact_shapes:
+            self._exact_shapes = True
+            self._runners.clear()
 
     def _make_runner(self, inputs: tuple[torch.Tensor | None, ...], *, exact: bool) -> tuple[OrtRunner, list[str], list[str]]:
         """The node as a one-node model, its session created: its inputs declared with symbolic dims of their
