@@ -1082,7 +1082,8 @@ def blame(
         try:
             base = TorchEvaluator(m, device=device, kernels=kernels, check_model=False, **extra)
         except Exception:
-            checked.result()  # an invalid model: the checker's message, not the evaluator's stumble on it
+            if checked.exception() is not None:  # an invalid model: the checker's message, not the evaluator's stumble on it
+                raise checked.exception() from None  # type: ignore[misc]
             raise
         checked.result()
         del checked  # (its serialized model: the onnxruntime thread holds it only while it needs it)
