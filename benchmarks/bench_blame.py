@@ -11,7 +11,8 @@ CPU, torch on one thread (`--threads`), at two tensor sizes (`--shape`):
 
 Per graph: one `TorchEvaluator.run` (the fastest of 15), one `blame()` (the fastest of 3, each cold:
 onnxruntime's session cache emptied before it; the float64 oracle included, as a user gets it, onnxruntime
-imported beforehand; the runs are taken in rounds between the blames, as the machine's speed drifts),
+imported and one uncounted blame of a tiny graph run beforehand, as a process pays those once; the runs are
+taken in rounds between the blames, as the machine's speed drifts),
 and their ratio: blame's time in evaluator runs' worth, in
 wall-clock time and in the process's CPU time (on a shared machine the CPU time says less about the
 neighbours). Also the nodes the swaps ran again (all swaps together, in graph runs' worth), how many nodes
@@ -89,6 +90,11 @@ def main() -> None:
         torch.set_num_threads(opts.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU float32; budget {opts.budget:g}; goal: blame <= 25 evaluator runs")
     import onnxruntime  # noqa: F401  (once per process: not blame's cost)
+
+    # one blame first, not counted: what a process pays once (its first autograd pass, onnxruntime's and
+    # the thread pools' start-up, lazy imports) is not what blaming a graph costs
+    warm_model, warm_feeds = stacked(1, 16, 4)
+    blame(warm_model, warm_feeds)
 
     for shape in SHAPES if opts.shape == "both" else [opts.shape]:
         hidden, seq = SHAPES[shape]
