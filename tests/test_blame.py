@@ -211,6 +211,28 @@ def test_an_op_type_swap_reruns_a_resize_given_sizes_on_onnxruntime() -> None:
     assert oracle.dtype == torch.float64 and (oracle - ort_y.double()).abs().max() < 1e-6
 
 
+def test_an_ort_kernel_keeps_a_bounded_number_of_sessions_per_shape() -> None:
+    """Once onnxruntime refused symbolic dims, a session per input shape: the least recently used go."""
+    from pytest_ortdiff.runtimes import ort_kernel
+    from pytest_ortdiff.runtimes.kernels.base import KernelContext
+
+    model = _chained_resize_model()
+    del model.graph.node[1:]
+    model.graph.output[0].name = "a"
+    model.graph.output[0].type.tensor_type.shape.dim[2].dim_value = 7
+    model.graph.output[0].type.tensor_type.shape.dim[3].dim_value = 9
+    kernel = ort_kernel.OrtKernel(model.graph.node[0], KernelContext(torch.device("cpu"), 18), {"": 18})
+    sizes = torch.tensor([1, 1, 7, 9])
+    for width in range(1, ort_kernel._MAX_SESSIONS + 4):
+        x = torch.randn(1, 1, 4, width)
+        (y,) = kernel.run(x, None, None, sizes)
+        assert y.shape == (1, 1, 7, 9)
+        if width == 5:  # (the model declares this width)
+            (want,) = OrtRunner(model).run(None, {"X": x})
+            assert torch.equal(y, want)
+    assert kernel._exact_shapes and len(kernel._runners) == ort_kernel._MAX_SESSIONS
+
+
 def test_blame_names_the_checker_problem_of_an_invalid_model() -> None:
     model = _chained_resize_model()
     del model.graph.output[0].type.tensor_type.shape.dim[:]

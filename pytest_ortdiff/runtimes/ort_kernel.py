@@ -7,6 +7,7 @@ float32 instead.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,10 @@ from .ort import OrtRunner, UnsupportedByProviderError
 
 __all__ = ["OrtKernel"]
 
+#: sessions one kernel keeps (one per input shape once onnxruntime refused symbolic dims; one per dtype
+#: and rank signature otherwise, far fewer)
+_MAX_SESSIONS = 16
+
 
 class OrtKernel(Kernel):
     """Runs its node with onnxruntime on the provider matching the evaluator's device."""
@@ -29,7 +34,7 @@ class OrtKernel(Kernel):
         self.op_type = node.op_type  # type: ignore[misc]
         self.opsets = dict(opsets)
         self.provider = "CUDA" if ctx.device.type == "cuda" else "CPU"
-        self._runners: dict[tuple[Any, ...], tuple[OrtRunner, list[str], list[str]]] = {}
+        self._runners: OrderedDict[tuple[Any, ...], tuple[OrtRunner, list[str], list[str]]] = OrderedDict()
         self._float32_for: set[tuple[Any, ...]] = set()  # input signatures onnxruntime lacks in float64
         # True once onnxruntime refused the model with symbolic dims: a session per input shape from then on
         self._exact_shapes = False
@@ -40,8 +45,11 @@ class OrtKernel(Kernel):
         return tuple((x.dtype, x.dim()) if x is not None else None for x in inputs)
 
     def _runner(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[OrtRunner, list[str], list[str]]:
-        hit = self._runners.get(self._key(inputs))
+        key = self._key(inputs)
+        hit = self._runners.get(key)
         if hit is not None:
+            if self._exact_shapes:
+                self._runners.move_to_end(key)
             return hit
         exact = self._exact_shapes  # (read once: another thread may switch it while this one builds)
         try:
@@ -66,6 +74,8 @@ class OrtKernel(Kernel):
             if hit is None:
                 raise
         self._runners[self._key(inputs)] = hit
+        while len(self._runners) > _MAX_SESSIONS:  # (a session per shape: the least recently used goes)
+            self._runners.popitem(last=False)
         return hit
 
     def _switch_to_exact_shapes(self) -> None:
