@@ -1067,12 +1067,21 @@ def blame(
     extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
     clock = _Clock()
     # onnxruntime's two sessions and the float64 oracle run in threads beside the torch run and the
-    # first-order pass (kernels release the GIL while they compute): on a machine with cores to spare
-    # they cost little wall time. The second session is made while torch runs and run on its values;
-    # the oracle is read only by the swaps' rows.
+    # first-order pass (kernels release the GIL while they compute), where torch's own threads leave a core
+    # idle: there they cost little wall time. The second session is made while torch runs and run on its
+    # values; the oracle is read only by the swaps' rows.
     # (each thread runs torch ops with the calling thread's torch thread count: a new thread would otherwise
     # leave OpenMP/MKL at their defaults, and a MatMul there could take another path and give other bits)
-    helper = ThreadPoolExecutor(max_workers=6, thread_name_prefix="ortdiff-blame", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+    # Where torch's threads take every core (torch's default: a thread per core), the same jobs run one after
+    # the other in this thread, each when its result is first asked for: torch's threads wait for one another
+    # at every op, and a thread of onnxruntime's or a second torch run taking a core from them costs more than
+    # it saves (blame took 1.4-1.9x the time, 2 torch threads on 2 cores). The thread counts stay as they are:
+    # they can change a MatMul's bits.
+    helper: ThreadPoolExecutor | _InCaller = (
+        ThreadPoolExecutor(max_workers=6, thread_name_prefix="ortdiff-blame", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+        if torch.get_num_threads() < _cores()
+        else _InCaller()
+    )
     torch_done: Future[dict[str, Any]] = Future()
     try:
         # onnx.checker's verdict (cached per model) and the serialized bytes onnxruntime's session is made
@@ -1116,6 +1125,8 @@ def blame(
         clock.lap("onnxruntime run (every value), waited for")
         local, no_ops = local_future.result()
         clock.lap("onnxruntime local outputs (one session), waited for")
+        if isinstance(helper, _InCaller):
+            drift_future.result()  # (one thread: the onnxruntime run's values are let go before the first-order pass)
         ort_out = [ort_all[o] for o in outputs]
         gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
         gap_mean = gap.mean_abs
@@ -1283,8 +1294,50 @@ def _swap_workers(jobs: int, node_ns: float) -> int:
     the GIL in turn are slower than one."""
     if node_ns < _PARALLEL_NODE_NS:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(4, jobs, cores // max(1, torch.get_num_threads())))
+    return max(1, min(4, jobs, _cores() // max(1, torch.get_num_threads())))
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class _Deferred(Future[Any]):
+    """A job of `_InCaller`: run in the thread that first asks for its result (or its exception)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        super().__init__()
+        self._job: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
+
+    def _run(self) -> None:
+        job, self._job = self._job, None
+        if job is None or self.done():
+            return
+        try:
+            result = job[0](*job[1])
+        except BaseException as exc:  # (handed to whoever asks, as a thread's future does)
+            self.set_exception(exc)
+        else:
+            self.set_result(result)
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._run()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._run()
+        return super().exception(timeout)
+
+
+class _InCaller:
+    """The helper pool's interface, its jobs run in the caller's thread when their result is asked for
+    (in the order blame asks for them; a job that is never asked for never runs)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
+        return _Deferred(fn, args)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        pass
 
 
 #: swaps run side by side only where a node's modelled time is at least this (its fixed 3 µs a third of it)

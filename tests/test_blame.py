@@ -726,6 +726,31 @@ def test_swaps_side_by_side_give_the_serial_table(one_torch_thread: None, monkey
         assert rows(blame(model, feeds, budget=None)) == serial, f"{workers} swap threads"
 
 
+def test_where_torch_takes_every_core_the_jobs_run_in_the_callers_thread_with_the_same_table(one_torch_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch's threads taking every core: onnxruntime's sessions, the oracle, the drifts and the local errors
+    # run one after the other in blame's own thread, not in a pool; the table is the same (same thread count)
+    import importlib
+    import threading
+
+    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    model, feeds = _tanh_chain()
+    threaded = blame(model, feeds, budget=None)
+    monkeypatch.setattr(blame_module, "_cores", lambda: 1)  # torch's one thread takes the one core
+    ran_in: set[str] = set()
+    drifts = blame_module._drifts
+
+    def spy(*args: Any) -> Any:
+        ran_in.add(threading.current_thread().name)
+        return drifts(*args)
+
+    monkeypatch.setattr(blame_module, "_drifts", spy)
+    serial = blame(model, feeds, budget=None)
+    assert ran_in == {threading.current_thread().name}
+    assert [r.to_dict() for r in serial.rows] == [r.to_dict() for r in threaded.rows]
+    assert [r.to_dict() for r in serial.op_rows] == [r.to_dict() for r in threaded.op_rows]
+    assert serial.first_divergence == threaded.first_divergence and serial.oracle == threaded.oracle
+
+
 def test_local_outputs_session_made_before_the_torch_run_leaves_out_dead_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     # shape inference types the dead nodes' values, which the torch run never computes: they are left out
     # of the session made from the declared types (no second session made from the values), and the rows
