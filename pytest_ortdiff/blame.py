@@ -1075,7 +1075,7 @@ def blame(
     # Where torch's threads take every core (torch's default: a thread per core), the same jobs run one after
     # the other in this thread, each when its result is first asked for: torch's threads wait for one another
     # at every op, and a thread of onnxruntime's or a second torch run taking a core from them costs more than
-    # it saves (blame took 1.4-1.9x the time, 2 torch threads on 2 cores). The thread counts stay as they are:
+    # it saves (blame took 1.2-2x the time, 2 torch threads on 2 cores). The thread counts stay as they are:
     # they can change a MatMul's bits.
     helper: ThreadPoolExecutor | _InCaller = (
         ThreadPoolExecutor(max_workers=6, thread_name_prefix="ortdiff-blame", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
