@@ -1123,10 +1123,10 @@ def blame(
 
         ort_all = ort_future.result()
         clock.lap("onnxruntime run (every value), waited for")
+        if isinstance(helper, _InCaller):
+            drift_future.result()  # (one thread: the onnxruntime run's values are let go before the local outputs come)
         local, no_ops = local_future.result()
         clock.lap("onnxruntime local outputs (one session), waited for")
-        if isinstance(helper, _InCaller):
-            drift_future.result()  # (one thread: the onnxruntime run's values are let go before the first-order pass)
         ort_out = [ort_all[o] for o in outputs]
         gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
         gap_mean = gap.mean_abs
@@ -1311,7 +1311,9 @@ class _Deferred(Future[Any]):
 
     def _run(self) -> None:
         job, self._job = self._job, None
-        if job is None or self.done():
+        if job is None:
+            if not self.done():  # (it would wait for itself forever)
+                raise RuntimeError("a job of blame's asked for its own result while running")
             return
         try:
             result = job[0](*job[1])

@@ -734,8 +734,6 @@ def test_where_torch_takes_every_core_the_jobs_run_in_the_callers_thread_with_th
 
     blame_module = importlib.import_module("pytest_ortdiff.blame")
     model, feeds = _tanh_chain()
-    threaded = blame(model, feeds, budget=None)
-    monkeypatch.setattr(blame_module, "_cores", lambda: 1)  # torch's one thread takes the one core
     ran_in: set[str] = set()
     drifts = blame_module._drifts
 
@@ -744,6 +742,11 @@ def test_where_torch_takes_every_core_the_jobs_run_in_the_callers_thread_with_th
         return drifts(*args)
 
     monkeypatch.setattr(blame_module, "_drifts", spy)
+    monkeypatch.setattr(blame_module, "_cores", lambda: 64)  # cores to spare: the jobs in threads
+    threaded = blame(model, feeds, budget=None)
+    assert ran_in and all(name.startswith("ortdiff-blame") for name in ran_in)
+    ran_in.clear()
+    monkeypatch.setattr(blame_module, "_cores", lambda: 1)  # torch's one thread takes the one core
     serial = blame(model, feeds, budget=None)
     assert ran_in == {threading.current_thread().name}
     assert [r.to_dict() for r in serial.rows] == [r.to_dict() for r in threaded.rows]
