@@ -1078,7 +1078,7 @@ def blame(
     # it saves (blame took 1.2-2x the time, 2 torch threads on 2 cores). The thread counts stay as they are:
     # they can change a MatMul's bits.
     helper: ThreadPoolExecutor | _InCaller = (
-        ThreadPoolExecutor(max_workers=6, thread_name_prefix="ortdiff-blame", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+        _started_pool(6, "ortdiff-blame")
         if torch.get_num_threads() < _cores()
         else _InCaller()
     )
@@ -1232,7 +1232,7 @@ def blame(
             # (your own kernels, callables, run one swap at a time: they need not be thread-safe)
             workers = 1 if any(callable(v) for v in kernels.values()) else _swap_workers(len(jobs), float(ns.mean()) if ns.size else 0.0)
             if workers > 1:
-                with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ortdiff-swap", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)) as pool:
+                with _started_pool(workers, "ortdiff-swap") as pool:
                     for res in pool.map(swap, jobs):  # (in order: the same table whatever the threads)
                         results.append(res)
                         shown.update()
@@ -1295,6 +1295,19 @@ def _swap_workers(jobs: int, node_ns: float) -> int:
     if node_ns < _PARALLEL_NODE_NS:
         return 1
     return max(1, min(4, jobs, _cores() // max(1, torch.get_num_threads())))
+
+
+def _started_pool(workers: int, prefix: str) -> ThreadPoolExecutor:
+    """A thread pool whose `workers` threads are all started before it gets a job. A thread's start waits
+    until the new thread holds the GIL; with a job already building protos or running the evaluator's Python
+    (which hand the GIL on only every switch interval), each start took 5-30 ms, a quarter of a small
+    graph's blame. Each thread runs torch with the calling thread's torch thread count."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+    gate = threading.Event()
+    for _ in range(workers):  # (none idle while the gate is shut: each of these starts a thread)
+        pool.submit(gate.wait)
+    gate.set()
+    return pool
 
 
 def _cores() -> int:
