@@ -249,7 +249,7 @@ def check_model(model: onnx.ModelProto, *, subject: str = "the model", path: str
         _CHECKED.move_to_end(digest)
     else:
         try:
-            onnx.checker.check_model(model)
+            onnx.checker.check_model(data)  # (the bytes: given the proto, it would serialize it again)
             problem = None
         except onnx.checker.ValidationError as exc:
             problem = checker_problem(exc)
