@@ -503,15 +503,36 @@ def test_scope_summary_names_the_layer_of_a_planted_wrong_kernel(stack_export) -
 
 
 def test_over_budget_rows_are_estimates_and_the_planted_kernel_is_still_exact_and_first() -> None:
-    # budget=0: only the 3 nodes the first-order estimate ranks highest are swapped for real
+    # budget=0: the 3 nodes the first-order estimate ranks highest are swapped for real (then any whose
+    # estimate of 1 % or more would head the table)
     model, feeds, _ = _zoo("llama_decoder_layer")
     planted = "post_attention_layernorm_sqrt"
     table = blame(model, feeds, kernels={planted: lambda x: torch.sqrt(x) * 1.001}, budget=0)
     assert table[0].node == planted and table[0].exact and table[0].explained > 0.9
     estimated = [r for r in table if not r.exact]
     assert estimated and all(r.vs_ort is None and r.oracle_max_abs is None for r in estimated)
+    # the planted node explains it all: every other estimate is under 1 %, and none of them runs
     assert sum(r.exact and not r.skipped for r in table) == 3
+    assert table.op_rows[0].exact
     assert "are first-order estimates" in table.render()
+
+
+def test_the_row_heading_each_table_is_exact_even_where_first_order_misranks() -> None:
+    # ViT's dynamo export at budget=0: first order puts the Gelu op type (~2 %, not run) above every op
+    # type whose swap ran; its swap runs too, beyond the budget, and gives the every-swap table's figures
+    import real_models
+
+    model = real_models.export("vit", "dynamo")
+    feeds = models.random_feeds(model, seed=0)
+    every = blame(model, feeds, budget=None)
+    table = blame(model, feeds, budget=0)
+    assert any(not r.exact for r in table.op_rows) and any(not r.exact for r in table.rows)
+    head, op_head = table.rows[0], table.op_rows[0]
+    assert head.exact and op_head.exact
+    assert head.to_dict() == next(r for r in every.rows if r.node == head.node).to_dict()
+    assert op_head.to_dict() == next(r for r in every.op_rows if r.node == op_head.node).to_dict()
+    gelu = next(r for r in table.op_rows if r.node == "Gelu")
+    assert gelu.exact and gelu.to_dict() == next(r for r in every.op_rows if r.node == "Gelu").to_dict()
 
 
 def test_over_budget_op_types_are_estimated_but_the_first_and_a_generous_budget_runs_them_all() -> None:
