@@ -27,7 +27,7 @@ replaces cost about a graph run per node plus a session per node (144 runs' wort
 
 `--quick`: 1 and 4 layers. `--show N`: print blame's table for the graph with N layers (realistic shape).
 `--budget 0`: the cost of everything but the exact swaps (the 3 node swaps and the op-type swap the
-estimate ranks first still run).
+estimate ranks first still run, and those the rows heading the tables need).
 Ratios, not seconds, are what to compare between machines; no test asserts on them.
 """
 
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: on a shared machine, a multi-threaded matmul waits for its slowest thread)")
     parser.add_argument("--show", type=int, default=None, help="print the table of the graph with this many layers (realistic shape)")
     default_budget = inspect.signature(blame).parameters["budget"].default
-    parser.add_argument("--budget", type=float, default=default_budget, help=f"blame's budget= (default {default_budget:g}, blame's own); 0: only the 3 node swaps and the op-type swap the estimate ranks first run, the floor of the cost")
+    parser.add_argument("--budget", type=float, default=default_budget, help=f"blame's budget= (default {default_budget:g}, blame's own); 0: only the 3 node swaps and the op-type swap the estimate ranks first run (and those the rows heading the tables need), the floor of the cost")
     parser.add_argument("--shape", choices=[*SHAPES, "both"], default="both", help="tensor sizes: realistic (hidden 256, sequence 128), toy (hidden 64, sequence 16) or both (default)")
     opts = parser.parse_args()
     sizes = opts.layers or ([1, 4] if opts.quick else [1, 4, 8, 25])
