@@ -183,19 +183,24 @@ class BlameTable(Sequence[BlameRow]):
         """One row per op type, every node of that type swapped at once (the seed-000 table's form)."""
         return self.op_rows
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        """The table as JSON data; `top`: only the first `top` node rows, op-type rows and module scopes (what
+        a report keeps of a large graph's table; `nodes` and `estimated` still count every row)."""
+        cut = slice(None) if top is None else slice(top)
         return {
             "provider": self.provider,
             "dtype": self.dtype,
             "gap": self.gap.to_dict(),
-            "rows": [r.to_dict() for r in self.rows],
-            "by_op_type": [r.to_dict() for r in self.op_rows],
+            "nodes": len(self.rows),
+            "estimated": sum(not r.exact for r in self.rows),
+            "rows": [r.to_dict() for r in self.rows[cut]],
+            "by_op_type": [r.to_dict() for r in self.op_rows[cut]],
             "oracle": {k: dict(v.__dict__) for k, v in self.oracle.items()},
             "first_divergence": self.first_divergence,
             "culprit": self.culprit.node if self.culprit else None,
             "closer_to_oracle": self.closer_to_oracle,
             "notes": list(self.notes),
-            "by_scope": [s.to_dict() for s in self.by_scope()],
+            "by_scope": [s.to_dict() for s in self.by_scope()[cut]],
             "nodes_recomputed": self.nodes_recomputed,
         }
 

@@ -208,10 +208,12 @@ class CheckResult:
         return "\n".join(lines)
 
     def rows(self) -> tuple[CheckRow, ...]:
-        """The summary rows of this check: one per judgement."""
-        return tuple(
-            row_for(j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort) for j in self.judgements
-        )
+        """The summary rows of this check: one per judgement; the first carries the blame table, if any
+        (its top rows: `BlameTable.TOP`)."""
+        rows = [row_for(j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort) for j in self.judgements]
+        if self.blame is not None and rows:
+            rows[0] = replace(rows[0], blame=self.blame.to_dict(top=self.blame.TOP))
+        return tuple(rows)
 
 
 def row_for(

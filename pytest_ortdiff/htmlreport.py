@@ -420,8 +420,9 @@ def _blame(b: Mapping[str, Any]) -> str:
                 f"<td>{_e(g(_num(r.get('drift_max_abs'))))}</td><td>{_e(g(_num(r.get('oracle_max_ulp'))))}</td></tr>"
             )
         out.append("</table>")
-        if len(rows) > _BLAME_TOP:
-            out.append(f'<p class="muted">... {len(rows) - _BLAME_TOP:,} more nodes</p>')
+        nodes = max(len(rows), _int(b.get("nodes")))  # (a stored table keeps its top rows only)
+        if nodes > _BLAME_TOP:
+            out.append(f'<p class="muted">... {nodes - _BLAME_TOP:,} more nodes</p>')
     scopes = [
         s
         for s in b.get("by_scope") or []

@@ -630,11 +630,15 @@ def _md_details(test: str, column: Column, cell: Cell, tags: Mapping[str, str] |
         jobs = f" ({_jobs(part.jobs, tags)})" if tags else ""
         if cell.verdict == "conflict":
             out.append(f"- {_MARKS[part.verdict]} {_md(part.text)}{jobs}" + (f": {_md(part.reason)}" if part.reason else ""))
-        out.extend(
-            f"- {_md(r.test)}{jobs}: {_md(r.outcome or '?')}, max abs {g(r.max_abs)}, max rel {g(r.max_rel)}, "
-            f"max ULP {g(r.max_ulp)}; {_md(_worst_text(r) or '-')}; tolerance {_md(r.tolerance or '-')}"
-            for r in part.rows
-        )
+        for r in part.rows:
+            out.append(
+                f"- {_md(r.test)}{jobs}: {_md(r.outcome or '?')}, max abs {g(r.max_abs)}, max rel {g(r.max_rel)}, "
+                f"max ULP {g(r.max_ulp)}; {_md(_worst_text(r) or '-')}; tolerance {_md(r.tolerance or '-')}"
+            )
+            top = r.blame_top
+            if top is not None and r.blame is not None:  # (--ortdiff-blame: the node that explains the gap)
+                closer = r.blame.get("closer_to_oracle")
+                out.append(f"  - blame: {_md(top)}" + (f"; closer to the float64 oracle: {_md(str(closer))}" if closer else ""))
         if not any(not r.ok for r in part.rows):  # (a failed check's own line says why its test failed)
             out.extend(f"- {_md(t.test)}{jobs}: {t.outcome}: {_md(t.message or 'no message')}" for t in part.tests if t.outcome in ("failed", "error"))
     out += ["", "</details>", ""]

@@ -318,6 +318,7 @@ def pytest_configure(config: pytest.Config) -> None:
         providers=state.selection.providers,
         dtypes=state.selection.dtypes,
     )
+    results.hide_internal = not hasattr(config, "workerinput")
     if results.html_path is not None and not hasattr(config, "workerinput"):
         results.html_target = _json_target(results.html_path, config.invocation_params.dir, "--ortdiff-html", "reports/ortdiff.html")
     if results.json_path is not None and not hasattr(config, "workerinput"):  # xdist workers never write it

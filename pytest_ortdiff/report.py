@@ -204,6 +204,8 @@ def junit_properties(rows: Sequence[CheckRow]) -> list[tuple[str, str]]:
     `.max_ulp_floored`), `ortdiff.worst`, `ortdiff.tolerance`, `ortdiff.result` ("passed"/"failed"); a
     row with a suffix gets its own names (" [ort vs float64]": `ortdiff.ort_vs_float64.max_abs`). With
     both rows against the float64 oracle: `ortdiff.closer_to_oracle` ("onnxruntime", "torch" or "tie").
+    A row carrying a blame table (`--ortdiff-blame`): `ortdiff.blame_top` (its first row: "node (Op) 87 %",
+    `~` before an estimate) and, where a node explains 10 % of the gap, `ortdiff.culprit`.
     Numbers in 6 significant digits; fields without a value are left out."""
     out: list[tuple[str, str]] = []
     against: dict[str, _AgainstOracle] = {}
@@ -223,6 +225,11 @@ def junit_properties(rows: Sequence[CheckRow]) -> list[tuple[str, str]]:
             "result": None if row.passed is None else ("passed" if row.passed else "failed"),
         }
         out += [(f"{prefix}.{key}", _junit_value(values[key])) for key in _JUNIT_FIELDS if values[key] is not None]
+        top = row.blame_top
+        if top is not None:
+            out.append((f"{prefix}.blame_top", top))
+            if row.blame is not None and row.blame.get("culprit"):
+                out.append((f"{prefix}.culprit", str(row.blame["culprit"])))
         if row.suffix.strip() in ("[ort vs float64]", "[torch vs float64]") and row.max_ulp is not None:
             differ = report.get("differ")
             if not isinstance(differ, int):

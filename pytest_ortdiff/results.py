@@ -64,6 +64,7 @@ class CheckRow:
     `suffix` (" [baseline out]", " [fuzz]", ...) travels from the fixture to the session, which makes it
     part of `test`; `outcome` is set by the session ("passed", "failed", or "xfailed" for a broken check
     the test expected). `ran_on_ort`: ops the torch evaluator ran on onnxruntime for lack of a kernel.
+    `blame`: the blame table of a failed check run with blame (`BlameTable.to_dict(top=BlameTable.TOP)`).
     """
 
     test: str
@@ -79,6 +80,20 @@ class CheckRow:
     outcome: str | None = None
     suffix: str = ""
     ran_on_ort: tuple[str, ...] = ()
+    blame: Mapping[str, Any] | None = None
+
+    @property
+    def blame_top(self) -> str | None:
+        """The blame table's first row as one line, "node (Op) 87 %" (`~87 %` for an estimate); None
+        without a table."""
+        rows = (self.blame or {}).get("rows") or []
+        first = rows[0] if rows and isinstance(rows[0], Mapping) else None
+        if first is None:
+            return None
+        share = first.get("explained")
+        share = float(share) if isinstance(share, int | float) else 0.0
+        mark = "" if first.get("exact", True) else "~"
+        return f"{first.get('node', '?')} ({first.get('op_type', '?')}) {mark}{share * 100:.0f} %"
 
     @property
     def ok(self) -> bool:
@@ -102,6 +117,8 @@ class CheckRow:
         }
         if self.suffix:
             out["suffix"] = self.suffix
+        if self.blame is not None:
+            out["blame"] = dict(self.blame)
         return out
 
     @classmethod
@@ -127,6 +144,7 @@ class CheckRow:
             outcome=_text(data.get("outcome")),
             suffix=str(data.get("suffix") or ""),
             ran_on_ort=tuple(str(op) for op in ran) if isinstance(ran, list | tuple) else (),
+            blame=data["blame"] if isinstance(data.get("blame"), Mapping) else None,
         )
 
 

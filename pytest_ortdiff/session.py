@@ -32,6 +32,7 @@ SKIP_KEY = "ortdiff_skip"
 BASELINE_KEY = "ortdiff_baseline"
 #: the (provider, dtype) a test was parametrized with
 CASE_KEY = "ortdiff_case"
+_INTERNAL_KEYS = frozenset({RESULT_KEY, SKIP_KEY, BASELINE_KEY, CASE_KEY})
 #: the terminal's matrix shows every test up to this many, beyond only those with a case that did not pass
 _MATRIX_ROWS = 40
 
@@ -46,6 +47,9 @@ class RunResults:
     html_path: str | None = None
     html_target: Path | None = None
     show_reports: bool = False
+    #: whether this process hands the reports on to the JUnit XML (not an xdist worker, which sends them to
+    #: the controller): there the internal properties are taken off each report once read
+    hide_internal: bool = False
     #: what the run selected, for the environment in the JSON file and the HTML report
     providers: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ()
@@ -64,6 +68,7 @@ class RunResults:
         if report.failed:
             self.tests[report.nodeid] = TestOutcome(report.nodeid, "error", message=_message(report))
 
+    @pytest.hookimpl(tryfirst=True)  # (before the JUnit XML's hook writes the report's properties)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         outcome = _outcome(report)
         if outcome is not None:
@@ -91,6 +96,11 @@ class RunResults:
                 self.skips.append(replace(SkipRow.from_dict(value), test=report.nodeid))
             elif key == BASELINE_KEY and report.when == "call":
                 self.baselines.append(replace(BaselineRow.from_dict(value), test=report.nodeid))
+        if self.hide_internal:
+            # the rows as this plugin stores them (a whole report, a blame table) are not for a JUnit XML,
+            # which gets the flat `ortdiff.*` properties instead; the report gets a list of its own (the
+            # item's, which later phases share, keeps them)
+            report.user_properties = [(k, v) for k, v in report.user_properties if k not in _INTERNAL_KEYS]
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         # Ctrl-C, or pytest.exit(): the run stops before its end. (Session.Interrupted, which pytest

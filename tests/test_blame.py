@@ -269,6 +269,47 @@ def test_blame_option_adds_table_to_failure(pytester: pytest.Pytester) -> None:
     )
 
 
+def test_the_blame_table_reaches_the_json_file_the_html_report_and_junit(pytester: pytest.Pytester, cli: Any) -> None:
+    """--ortdiff-blame in a CI job: the failing check's row carries its blame table (the top rows, the module
+    scopes, the culprit) into the JSON file, through `merge` into the merged file and its HTML report, and
+    the culprit into the JUnit XML's properties."""
+    pytester.makepyfile(test_b=BLAME_TEST.format(extra=""))
+    result = pytester.runpytest("--ortdiff-blame", "--ortdiff-json=job.json", "--ortdiff-html=job.html", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    row = json.loads((pytester.path / "job.json").read_text())["results"][0]
+    table = row["blame"]
+    assert table["nodes"] == 3 and len(table["rows"]) == 3  # (every row of a graph this small)
+    assert table["rows"][0]["explained"] >= table["rows"][-1]["explained"]
+    assert table["provider"] == "CPU" and table["dtype"] == "float16" and table["closer_to_oracle"] == "onnxruntime"
+    culprit = table["culprit"]
+    html = (pytester.path / "job.html").read_text()
+    assert "Blame: each node swapped to onnxruntime in turn" in html and table["rows"][0]["node"] in html
+    import xml.etree.ElementTree as ET
+
+    props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "junit.xml").iter("property")}
+    assert props.get("ortdiff.culprit") == culprit or (culprit is None and "ortdiff.culprit" not in props)
+    # (the plugin's own entries, a whole row with its report and table as a repr, are not among them)
+    assert all(name.startswith("ortdiff.") for name in props), sorted(props)
+    assert props["ortdiff.blame_top"].startswith(table["rows"][0]["node"] + " ")
+    # merged with another job's file, then rendered: the table is still there
+    assert cli("merge", "job.json", "--output", "merged.json", "--html", "merged.html", cwd=pytester.path).returncode == 0
+    merged = json.loads((pytester.path / "merged.json").read_text())
+    assert merged["results"][0]["blame"] == table
+    assert "Blame: each node swapped to onnxruntime in turn" in (pytester.path / "merged.html").read_text()
+    # and in the pull-request comment's details of the failing cell
+    md = cli("merge", "job.json", "--matrix", "--markdown", cwd=pytester.path).stdout
+    assert f"  - blame: {table['rows'][0]['node']} (" in md.replace("\\_", "_") and "closer to the float64 oracle: onnxruntime" in md
+
+
+def test_a_blame_table_of_a_large_graph_is_stored_cut_to_its_top_rows() -> None:
+    model, feeds, _ = _zoo("llama_decoder_layer")
+    table = blame(model, feeds)
+    short = table.to_dict(top=5)
+    assert short["nodes"] == len(table.rows) > 5 and len(short["rows"]) == 5 and len(short["by_op_type"]) <= 5
+    assert short["rows"] == table.to_dict()["rows"][:5] and short["culprit"] == table.to_dict()["culprit"]
+    assert short["estimated"] == sum(not r.exact for r in table.rows)
+
+
 def test_check_against_float64_oracle(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_b=BLAME_TEST.format(extra=', reference="float64"'))
     result = pytester.runpytest()

@@ -178,6 +178,7 @@ def test_summary_json_and_html_under_xdist(pytester: pytest.Pytester, seed_test:
             assert (props["ortdiff.provider"], props["ortdiff.dtype"], props["ortdiff.result"]) == ("CPU", row["dtype"], "passed")
             assert float(props["ortdiff.max_abs"]) == pytest.approx(row["max_abs"], rel=1e-5)
             assert props["ortdiff.worst"] == row["worst"]
+            assert all(name.startswith("ortdiff.") for name in props), sorted(props)  # (not the plugin's own entries)
 
 
 def test_json_xfail_and_teardown_error(pytester: pytest.Pytester) -> None:
