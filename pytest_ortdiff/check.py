@@ -208,11 +208,13 @@ class CheckResult:
         return "\n".join(lines)
 
     def rows(self) -> tuple[CheckRow, ...]:
-        """The summary rows of this check: one per judgement; the first carries the blame table, if any
-        (its top rows: `BlameTable.TOP`)."""
+        """The summary rows of this check: one per judgement; the first that failed carries the blame table,
+        if any (its top rows: `BlameTable.TOP`; with reference="float64", `[ort vs float64]` may have passed
+        where `[torch vs float64]` failed)."""
         rows = [row_for(j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort) for j in self.judgements]
         if self.blame is not None and rows:
-            rows[0] = replace(rows[0], blame=self.blame.to_dict(top=self.blame.TOP))
+            at = next((i for i, j in enumerate(self.judgements) if not j.passed), 0)
+            rows[at] = replace(rows[at], blame=self.blame.to_dict(top=self.blame.TOP))
         return tuple(rows)
 
 

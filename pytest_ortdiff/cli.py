@@ -122,6 +122,8 @@ def _terminal_width() -> int:
 #: fields of a row that must be a string (or null) and of its report that must be an integer (or null)
 _TEXT_FIELDS = ("test", "provider", "dtype", "worst", "tolerance", "outcome", "suffix", "message", "reason")
 _COUNT_FIELDS = ("n", "nan_mismatch", "inf_mismatch")
+#: fields of a row's blame table that must be a list (or null)
+_BLAME_LISTS = ("rows", "by_op_type", "by_scope", "notes")
 
 
 def _read_results(path: Path) -> ResultsFile:
@@ -146,6 +148,13 @@ def _read_results(path: Path) -> ResultsFile:
                 value = row.get(field)
                 if value is not None and not isinstance(value, str):
                     raise ResultsFileError(f"{path}: {key}[{i}] has {field!r} {_short(value)} ({type(value).__name__}); expected a string or null")
+            blame = row.get("blame")
+            if blame is not None and not isinstance(blame, Mapping):
+                raise ResultsFileError(f"{path}: {key}[{i}] has 'blame' {_short(blame)} ({type(blame).__name__}); expected an object")
+            for field in _BLAME_LISTS:
+                value = blame.get(field) if isinstance(blame, Mapping) else None
+                if value is not None and not isinstance(value, list):
+                    raise ResultsFileError(f"{path}: {key}[{i}].blame has {field!r} {_short(value)} ({type(value).__name__}); expected a list")
             report = row.get("report")
             if not isinstance(report, Mapping):
                 continue

@@ -515,7 +515,7 @@ class OrtDiff:
         `record_property` adds them, for `--junitxml`; they replace those of the row they replace."""
         if self._node is None:
             return
-        from .report import junit_properties
+        from .report import junit_names, junit_properties
 
         props = self._node.user_properties
         kept = []
@@ -532,7 +532,8 @@ class OrtDiff:
                 props.append((RESULT_KEY, data))
                 kept.append(row)
         flat = junit_properties(kept)
-        names = {name for name, _ in flat}
+        # all of a replaced row's properties go, those the new row has no value for too (a blame table's)
+        names = {name for name, _ in flat}.union(*(junit_names(row) for row in kept))
         props[:] = [(key, value) for key, value in props if key not in names] + flat
 
 

@@ -599,9 +599,10 @@ def _wrap(text: str, width: int, indent: str = "    ") -> list[str]:
 
 
 # markdown: a test id or message from a JSON file must not open a column, a tag or a code span
-_MD_ESCAPES = {"\\": "\\\\", "|": "\\|", "<": "&lt;", ">": "&gt;", "&": "&amp;", "`": "\\`", "*": "\\*", "_": "\\_", "\n": " ", "\r": " "}
-#: ("_" only where it could start or end emphasis: test_lnmm and x86_64 stay as they are)
-_MD_SPECIAL = re.compile(r"[\\|<>&`*\r\n]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_MD_ESCAPES = {"]": "\\]", "\\": "\\\\", "|": "\\|", "<": "&lt;", ">": "&gt;", "&": "&amp;", "`": "\\`", "*": "\\*", "_": "\\_", "\n": " ", "\r": " "}
+#: ("_" only where it could start or end emphasis: test_lnmm and x86_64 stay as they are; "]" only before "(",
+#: where a name would make a link or an image: test_x[CPU-float16] stays as it is)
+_MD_SPECIAL = re.compile(r"[\\|<>&`*\r\n]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|\](?=\()")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -635,10 +636,12 @@ def _md_details(test: str, column: Column, cell: Cell, tags: Mapping[str, str] |
                 f"- {_md(r.test)}{jobs}: {_md(r.outcome or '?')}, max abs {g(r.max_abs)}, max rel {g(r.max_rel)}, "
                 f"max ULP {g(r.max_ulp)}; {_md(_worst_text(r) or '-')}; tolerance {_md(r.tolerance or '-')}"
             )
-            top = r.blame_top
-            if top is not None and r.blame is not None:  # (--ortdiff-blame: the node that explains the gap)
-                closer = r.blame.get("closer_to_oracle")
-                out.append(f"  - blame: {_md(top)}" + (f"; closer to the float64 oracle: {_md(str(closer))}" if closer else ""))
+            if isinstance(r.blame, Mapping):  # (--ortdiff-blame: the node that explains the gap, if one does)
+                top, drift, closer = r.blame_top, r.blame.get("first_divergence"), r.blame.get("closer_to_oracle")
+                line = f"  - blame: {_md(top)}" if top is not None else "  - blame: no single node explains the gap"
+                if top is None and drift:
+                    line += f"; first node whose output drifts: {_md(str(drift))}"
+                out.append(line + (f"; closer to the float64 oracle: {_md(str(closer))}" if closer else ""))
         if not any(not r.ok for r in part.rows):  # (a failed check's own line says why its test failed)
             out.extend(f"- {_md(t.test)}{jobs}: {t.outcome}: {_md(t.message or 'no message')}" for t in part.tests if t.outcome in ("failed", "error"))
     out += ["", "</details>", ""]

@@ -195,6 +195,7 @@ def _cell(v: Any) -> str:
 
 #: the row's fields a JUnit property carries, by property name
 _JUNIT_FIELDS = ("provider", "dtype", "max_abs", "max_rel", "max_rel_floored", "max_ulp", "max_ulp_floored", "worst", "tolerance", "result")
+_JUNIT_BLAME = ("blame_top", "culprit")
 
 
 def junit_properties(rows: Sequence[CheckRow]) -> list[tuple[str, str]]:
@@ -238,6 +239,13 @@ def junit_properties(rows: Sequence[CheckRow]) -> list[tuple[str, str]]:
     if len(against) == 2:
         out.append(("ortdiff.closer_to_oracle", closer_to_oracle(against["[ort vs float64]"], against["[torch vs float64]"])))
     return out
+
+
+def junit_names(row: CheckRow) -> set[str]:
+    """Every property name `junit_properties` may give `row` (whichever have a value): what a row that
+    replaces it in a test's properties replaces."""
+    prefix = _junit_prefix(row.suffix)
+    return {f"{prefix}.{key}" for key in (*_JUNIT_FIELDS, *_JUNIT_BLAME)}
 
 
 def _junit_prefix(suffix: str) -> str:

@@ -84,14 +84,16 @@ class CheckRow:
 
     @property
     def blame_top(self) -> str | None:
-        """The blame table's first row as one line, "node (Op) 87 %" (`~87 %` for an estimate); None
-        without a table."""
+        """The blame table's first row as one line, "node (Op) 87 %" (`~1 %` for an estimate); None without
+        a table, or where its first node explains nothing (under half a percent: no node to name)."""
         rows = (self.blame or {}).get("rows") or []
-        first = rows[0] if rows and isinstance(rows[0], Mapping) else None
+        first = rows[0] if isinstance(rows, list) and rows and isinstance(rows[0], Mapping) else None
         if first is None:
             return None
         share = first.get("explained")
-        share = float(share) if isinstance(share, int | float) else 0.0
+        share = float(share) if isinstance(share, int | float) and not isinstance(share, bool) else 0.0
+        if not share >= 0.005:
+            return None
         mark = "" if first.get("exact", True) else "~"
         return f"{first.get('node', '?')} ({first.get('op_type', '?')}) {mark}{share * 100:.0f} %"
 

@@ -620,9 +620,11 @@ def test_conformance_help_lists_its_options(capsys: pytest.CaptureFixture[str]) 
         ({"dtype": ["float32"]}, "results[0] has 'dtype' ['float32'] (list); expected a string or null"),
         ({"report": {"n": 4, "nan_mismatch": "many", "counts": {}}}, "results[0].report has 'nan_mismatch' 'many' (str); expected an integer"),
         ({"report": {"n": 4, "counts": {"0.0": 1.5}}}, "results[0].report has 'counts' {'0.0': 1.5}; expected an object of integers"),
+        ({"blame": [1]}, "results[0] has 'blame' [1] (list); expected an object"),
+        ({"blame": {"rows": {"a": 1}}}, "results[0].blame has 'rows' {'a': 1} (dict); expected a list"),
         (None, "is nested too deeply to be a JSON report written by --ortdiff-json"),
     ],
-    ids=["provider-int", "dtype-list", "count-str", "count-float", "deep"],
+    ids=["provider-int", "dtype-list", "count-str", "count-float", "blame-list", "blame-rows-object", "deep"],
 )
 def test_merge_wrongly_typed_or_deep_json_is_one_error_line(tmp_path: Path, cli: Callable[..., Any], content: dict | None, message: str) -> None:
     """Item 8: one `error:` line and exit 2, never a traceback and exit 1."""
@@ -654,6 +656,17 @@ def test_merge_escapes_pipes_in_markdown_and_control_characters(tmp_path: Path, 
     assert main(["merge", str(path)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "t.py::test_b[\\x1b[2J\\x1b[31m]" in out and "t.py::test_a[x|y]" in out
+
+
+def test_merge_markdown_makes_no_link_or_image_of_a_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node or test named like markdown's `![alt](url)` would show a remote image in a pull-request comment:
+    the `]` before `(` is escaped; the brackets of a test's parameters stay as they are."""
+    row = {**_row("t.py::test_a[CPU-float32]", "float32", False), "blame": {"rows": [{"node": "![i](https://evil.example/x.png)", "op_type": "Add", "explained": 0.5, "exact": True}]}}
+    path = _write(tmp_path / "job.json", [row])
+    assert main(["merge", str(path), "--matrix", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "  - blame: ![i\\](https://evil.example/x.png) (Add) 50 %" in out and "](" not in out.replace("\\](", "")
+    assert "- t.py::test_a[CPU-float32]: failed" in out
 
 
 def _relu_model(path: Path, dims: list[Any], elem_type: int = TensorProto.FLOAT) -> Path:
