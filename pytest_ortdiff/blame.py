@@ -1312,7 +1312,9 @@ def blame(
                     more_nodes, more_ops = estimated_on_top()
                     if not more_nodes and not more_ops:
                         break
-                    run_swaps(more_nodes, more_ops, lambda: None)
+                    if isinstance(getattr(shown, "total", None), int):  # (a drawn bar: it counts them too)
+                        shown.total += len(more_nodes) + len(more_ops)  # type: ignore[attr-defined]
+                    run_swaps(more_nodes, more_ops, shown.update)
                 clock.lap("swaps for the rows heading the tables")
             shown.update()
 

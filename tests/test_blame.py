@@ -651,7 +651,23 @@ def test_a_first_order_wrong_everywhere_still_leaves_exact_rows_heading_the_tabl
     model, feeds, _ = _zoo("llama_decoder_layer")
     every = blame(model, feeds, budget=None)
     monkeypatch.setattr(blame_module, "_first_order", lambda *args: dict.fromkeys(range(len(model.graph.node)), 0.4))
+    # (the bar, drawn here, counts those swaps too: it ends full)
+    import io
+    import re
+
+    from pytest_ortdiff import progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    monkeypatch.setattr(progress, "BLAME_MIN_NODES", 1)
+    monkeypatch.setenv("ORTDIFF_PROGRESS", "1")
+    monkeypatch.setattr(progress, "_stream", out)
     table = blame(model, feeds, budget=0)
+    done, total = re.findall(r"(\d+)/(\d+) ", out.getvalue())[-1]
+    assert done == total and int(total) > blame_module._SETTLE_MAX
     assert table.rows[0].exact and table.op_rows[0].exact
     assert table.rows[0].to_dict() == every.rows[0].to_dict() and table.op_rows[0].to_dict() == every.op_rows[0].to_dict()
     assert table.culprit is not None and table.culprit.exact
