@@ -1074,9 +1074,13 @@ def blame(
     extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
     clock = _Clock()
     # onnxruntime's two sessions and the float64 oracle run in threads beside the torch run and the
-    # first-order pass (kernels release the GIL while they compute), where torch's own threads leave a core
-    # idle: there they cost little wall time. The second session is made while torch runs and run on its
-    # values; the oracle is read only by the swaps' rows.
+    # first-order pass (kernels release the GIL while they compute), as many threads as the cores torch's
+    # own threads leave idle: there they cost little wall time. A thread takes its jobs in the order they
+    # are given (the every-value session, the drifts, the oracle, the local errors): no more jobs at once
+    # than idle cores, so that the job the first-order pass waits for is not slowed by those it does not
+    # (on 2 cores, 6 threads at once took 23 runs' worth at 172 nodes, medians of 15; one thread 20). With
+    # one thread, this thread makes the local outputs' session after the torch run and runs it; with more,
+    # a thread makes it while torch runs. The oracle is read only by the swaps' rows.
     # (each thread runs torch ops with the calling thread's torch thread count: a new thread would otherwise
     # leave OpenMP/MKL at their defaults, and a MatMul there could take another path and give other bits)
     # Where torch's threads take every core (torch's default: a thread per core), the same jobs run one after
@@ -1084,11 +1088,9 @@ def blame(
     # at every op, and a thread of onnxruntime's or a second torch run taking a core from them costs more than
     # it saves (blame took 1.2-2x the time, 2 torch threads on 2 cores). The thread counts stay as they are:
     # they can change a MatMul's bits.
-    helper: ThreadPoolExecutor | _InCaller = (
-        _started_pool(6, "ortdiff-blame")
-        if torch.get_num_threads() < _cores()
-        else _InCaller()
-    )
+    helpers = _helper_threads()
+    helper: ThreadPoolExecutor | _InCaller = _started_pool(helpers, "ortdiff-blame") if helpers else _InCaller()
+    local_here = helpers == 1
     torch_done: Future[dict[str, Any]] = Future()
     try:
         # onnx.checker's verdict (cached per model) and the serialized bytes onnxruntime's session is made
@@ -1101,8 +1103,6 @@ def blame(
             if checked.exception() is not None:  # an invalid model: the checker's message, not the evaluator's stumble on it
                 raise checked.exception() from None  # type: ignore[misc]
             raise
-        checked.result()
-        del checked  # (its serialized model: the onnxruntime thread holds it only while it needs it)
         clock.lap("torch evaluator built")
         outputs = list(base.output_names)
         declared = [base.output_dtypes.get(o) for o in outputs]
@@ -1112,22 +1112,37 @@ def blame(
         graph = _Graph(base)
         # the local outputs' session is made from the values' declared types while torch runs; it is run
         # on the torch run's values once they are there
-        local_future = helper.submit(_local_job, m, graph, torch_done.result, provider, base.opsets, base.value_types)
+        local_future = None if local_here else helper.submit(_local_job, m, graph, torch_done.result, provider, base.opsets, base.value_types)
         # each node's drift (its output in the torch run against the onnxruntime run) once both are there,
         # and its local error once the local outputs are
         drift_future = helper.submit(_drifts, m.graph.node, keys, torch_done.result, ort_future.result, tolerance, base.output_names)
-        errors_future = helper.submit(_local_errors, graph, torch_done.result, local_future.result)
+        errors_future = None if local_future is None else helper.submit(_local_errors, graph, torch_done.result, local_future.result)
         clock.lap("graph")
         # every value of one torch run, through the plain plan (a run that happens once records no
         # shape-specialised plan)
-        torch_all: dict[str, Any] = base.run(None, feeds, intermediates=True, specialise=False)
+        try:
+            torch_all: dict[str, Any] = base.run(None, feeds, intermediates=True, specialise=False)
+        except Exception:
+            if checked.exception() is not None:
+                raise checked.exception() from None  # type: ignore[misc]
+            raise
         torch_done.set_result(torch_all)
+        # the checker's verdict, done by now (the torch run did not wait for it): an invalid model fails
+        # with its message before anything else runs on it
+        checked.result()
+        del checked  # (its serialized model: the onnxruntime thread holds it only while it needs it)
         clock.lap("torch run (every value)")
         # the float64 oracle in a thread of its own, after the torch run (whose values the local outputs
         # and the first-order pass wait for): only the swaps' rows read it
         oracle_future = helper.submit(_oracle_outputs, base, kernels, feeds, declared) if oracle else None
         torch_out = [torch_all[o] for o in outputs]
-
+        if local_future is None:  # (one helper thread: made here, from the torch run's values)
+            local_future = Future()
+            local_future.set_result(_local_job(m, graph, torch_done.result, provider, base.opsets, None))
+            # their local errors here too, once the first-order pass is done (the helper thread has the
+            # drifts and the oracle to do by then)
+            errors_future = _InCaller().submit(_local_errors, graph, torch_done.result, local_future.result)
+            clock.lap("onnxruntime local outputs (one session)")
         ort_all = ort_future.result()
         clock.lap("onnxruntime run (every value), waited for")
         if isinstance(helper, _InCaller):
@@ -1217,6 +1232,8 @@ def blame(
                     if spent + c <= budget:
                         (run_exactly if kind == 0 else ops_exactly).add(what)
                         spent += c
+        assert errors_future is not None
+        local_errors = errors_future.result()  # (in this thread with one helper thread: before waiting for it)
         # the oracle's outputs: the thread computing them has had the torch run and the first-order pass to do it
         if oracle_future is not None:
             oracle_out = oracle_future.result()
@@ -1227,7 +1244,6 @@ def blame(
                 table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
         unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
         drifts, first_divergence = drift_future.result()
-        local_errors = errors_future.result()
         # the exact swaps (single nodes, then op types), side by side where torch leaves cores idle; a large
         # graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
         node_jobs = [i for i in range(len(keys)) if not no_op(i) and i in run_exactly]
@@ -1381,6 +1397,12 @@ def _started_pool(workers: int, prefix: str) -> ThreadPoolExecutor:
         pool.submit(gate.wait)
     gate.set()
     return pool
+
+
+def _helper_threads() -> int:
+    """blame's helper threads: the cores torch's threads leave idle (at most 6); 0 where they take every
+    core (the jobs then run one after the other in blame's own thread)."""
+    return max(0, min(6, _cores() - torch.get_num_threads()))
 
 
 def _cores() -> int:

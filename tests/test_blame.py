@@ -888,7 +888,8 @@ def test_swaps_side_by_side_give_the_serial_table(one_torch_thread: None, monkey
 
 def test_where_torch_takes_every_core_the_jobs_run_in_the_callers_thread_with_the_same_table(one_torch_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # torch's threads taking every core: onnxruntime's sessions, the oracle, the drifts and the local errors
-    # run one after the other in blame's own thread, not in a pool; the table is the same (same thread count)
+    # run one after the other in blame's own thread, not in a pool; with one core to spare, in one helper
+    # thread but the local outputs; the table is the same (same thread count)
     import importlib
     import threading
 
@@ -901,17 +902,34 @@ def test_where_torch_takes_every_core_the_jobs_run_in_the_callers_thread_with_th
         ran_in.add(threading.current_thread().name)
         return drifts(*args)
 
+    local_in: set[str] = set()
+    local_job = blame_module._local_job
+
+    def local_spy(*args: Any) -> Any:
+        local_in.add(threading.current_thread().name)
+        return local_job(*args)
+
     monkeypatch.setattr(blame_module, "_drifts", spy)
+    monkeypatch.setattr(blame_module, "_local_job", local_spy)
     monkeypatch.setattr(blame_module, "_cores", lambda: 64)  # cores to spare: the jobs in threads
     threaded = blame(model, feeds, budget=None)
     assert ran_in and all(name.startswith("ortdiff-blame") for name in ran_in)
+    assert local_in and all(name.startswith("ortdiff-blame") for name in local_in)
+    ran_in.clear()
+    local_in.clear()
+    # one core beside torch's thread: one helper thread (the drifts), the local outputs in blame's own
+    monkeypatch.setattr(blame_module, "_cores", lambda: 2)
+    one = blame(model, feeds, budget=None)
+    assert ran_in and all(name.startswith("ortdiff-blame") for name in ran_in)
+    assert local_in == {threading.current_thread().name}
     ran_in.clear()
     monkeypatch.setattr(blame_module, "_cores", lambda: 1)  # torch's one thread takes the one core
     serial = blame(model, feeds, budget=None)
     assert ran_in == {threading.current_thread().name}
-    assert [r.to_dict() for r in serial.rows] == [r.to_dict() for r in threaded.rows]
-    assert [r.to_dict() for r in serial.op_rows] == [r.to_dict() for r in threaded.op_rows]
-    assert serial.first_divergence == threaded.first_divergence and serial.oracle == threaded.oracle
+    for other in (threaded, one):
+        assert [r.to_dict() for r in serial.rows] == [r.to_dict() for r in other.rows]
+        assert [r.to_dict() for r in serial.op_rows] == [r.to_dict() for r in other.op_rows]
+        assert serial.first_divergence == other.first_divergence and serial.oracle == other.oracle
 
 
 def test_local_outputs_session_made_before_the_torch_run_leaves_out_dead_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
