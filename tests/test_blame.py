@@ -234,7 +234,11 @@ def test_an_ort_kernel_keeps_a_bounded_number_of_sessions_per_shape() -> None:
     assert kernel._exact_shapes and len(kernel._runners) == ort_kernel._MAX_SESSIONS
 
 
-def test_blame_names_the_checker_problem_of_an_invalid_model() -> None:
+@pytest.mark.parametrize("cores", [1, 2, 64])
+def test_blame_names_the_checker_problem_of_an_invalid_model(cores: int, one_torch_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # jobs one after the other, one helper thread, many: the torch run does not wait for the checker's
+    # verdict, whose message still comes first
+    monkeypatch.setattr(importlib.import_module("pytest_ortdiff.blame"), "_cores", lambda: cores)
     model = _chained_resize_model()
     del model.graph.output[0].type.tensor_type.shape.dim[:]
     model.graph.output[0].type.tensor_type.ClearField("shape")
@@ -958,3 +962,34 @@ def test_local_outputs_session_made_before_the_torch_run_leaves_out_dead_nodes(m
     plain = blame_module._local_outputs(model, graph, values, "CPU", ev.opsets)
     assert set(typed) == set(plain) and all(blame_module._same_bits(a, b) for i in plain for a, b in zip(plain[i], typed[i], strict=True))
     assert {r.node for r in table if r.node.startswith("dead")} == {"dead1", "dead2"}
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_one_helper_thread_gives_the_serial_table_on_a_real_export(exporter: str, one_torch_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 cores, torch on one thread: one helper thread (the every-value run, drifts, oracle), the local outputs
+    # in blame's own thread; on the Llama-like exports of benchmarks/real_graphs.py the table, exact rows,
+    # estimates, first drift and oracle verdict are those of the same jobs run one after the other
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import real_graphs
+    finally:
+        sys.path.pop(0)
+    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    model = real_graphs.export("llama", exporter)
+    feeds = real_graphs.feeds("llama", 1, 16)
+    planted = {"Softmax": lambda x, axis=-1: (torch.softmax(x, dim=axis) * 1.001,)}  # a wrong kernel of ours
+    monkeypatch.setattr(blame_module, "_cores", lambda: 2)
+    assert blame_module._helper_threads() == 1
+    one = blame(model, feeds, kernels=planted, budget=0)
+    monkeypatch.setattr(blame_module, "_cores", lambda: 1)
+    serial = blame(model, feeds, kernels=planted, budget=0)
+    assert one.culprit is not None and one.culprit.op_type == "Softmax" and one.culprit.exact
+    assert one.op_rows[0].node == "Softmax" and one.op_rows[0].explained > 0.9
+    assert any(not r.exact for r in one.rows)  # (a budget of 0: estimates and exact rows both)
+    assert [r.to_dict() for r in one.rows] == [r.to_dict() for r in serial.rows]
+    assert [r.to_dict() for r in one.op_rows] == [r.to_dict() for r in serial.op_rows]
+    assert one.first_divergence == serial.first_divergence and one.oracle == serial.oracle
+    assert one.culprit.node == serial.culprit.node
