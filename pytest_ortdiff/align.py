@@ -19,7 +19,7 @@ import torch
 from .diff import DEFAULT_THRESHOLDS, DiffReport, compare
 from .dtypes import dtype_of
 from .formatting import g, table
-from .model_io import check_feeds, check_model, input_specs, load_model
+from .model_io import CheckedModel, check_feeds, check_model, input_specs, load_model, model_path
 from .tolerance import Tolerance
 
 __all__ = [
@@ -822,13 +822,22 @@ def _values(ex: _Execution, keep_budget: int) -> tuple[list[Value], dict[str, np
     return values, kept
 
 
+def _refuse_large(checked: CheckedModel, label: str) -> None:
+    """Aligning serializes each model (every value exposed, each optimization level): not above 2 GB."""
+    if not checked.data:
+        raise ValueError(
+            f"{label} is larger than 2 GB: aligning executions serializes the model again, which protobuf cannot do above 2 GB; "
+            "check it and blame it from its path instead (Checker.check(path, feeds, blame=True))"
+        )
+
+
 def _execution(model: Any, feeds: Any, *, label: str, runtime: AlignRuntime, provider: str, session_options: Mapping[str, Any] | None, constants: bool, chunk_bytes: int, check: bool = True) -> _Execution:
     from .providers import parse_provider
 
     provider = parse_provider(provider)
     m = load_model(model)
     if check:
-        check_model(m, subject=label)
+        _refuse_large(check_model(m, subject=label, path=model_path(model)), label)
     options = dict(session_options or {})
     if session_options is not None and not isinstance(session_options, Mapping):
         raise TypeError(f"session options for {label} must be a dict of SessionOptions attributes, e.g. {{'graph_optimization_level': 'basic'}}; got {type(session_options).__name__}")
@@ -1213,7 +1222,7 @@ def check_optimization(
     provider = parse_provider(provider)
     tol = _as_tolerance(tolerance)
     m = load_model(model)
-    check_model(m)
+    _refuse_large(check_model(m, path=model_path(model)), "the model")
     chunk_bytes = int(chunk_mb * 2**20)
     names = [o.name for o in m.graph.output]
     one = {"intra_op_num_threads": 1}

@@ -30,7 +30,17 @@ from . import progress
 from .diff import DiffReport, compare
 from .dtypes import DType, dtype_of
 from .formatting import g, table
-from .model_io import CheckedModel, check_model, exposed_bytes, has_subgraph, load_model
+from .model_io import (
+    EXTERNAL_DATA_FOLDER,
+    CheckedModel,
+    check_model,
+    exposed_for_ort,
+    has_subgraph,
+    load_model,
+    model_path,
+    serialized,
+    too_large,
+)
 from .providers import KNOWN, parse_provider, torch_device
 from .results import closer_to_oracle
 from .runtimes.evaluator import MissingKernelError, TorchEvaluator
@@ -271,23 +281,29 @@ def _table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
 
 
 def ort_intermediates(model: Any, feeds: Mapping[str, Any], provider: str = "CPU") -> dict[str, torch.Tensor]:
-    """Every node output as computed by onnxruntime (each exposed as a graph output)."""
-    return _ort_values(exposed_bytes(load_model(model)), feeds, provider)
+    """Every node output as computed by onnxruntime (each exposed as a graph output). A model above 2 GB
+    is given by its path (its weights stay in their files)."""
+    m = load_model(model)
+    path = model_path(model)
+    data = serialized(m, path)
+    if data is None and path is None:
+        raise too_large("the model", m)
+    return _ort_values(*exposed_for_ort(m, data, path), feeds, provider)
 
 
-def _ort_values(exposed: bytes, feeds: Mapping[str, Any], provider: str) -> dict[str, torch.Tensor]:
+def _ort_values(exposed: bytes, config: Mapping[str, str], feeds: Mapping[str, Any], provider: str) -> dict[str, torch.Tensor]:
     # a session for one run: not kept, and without onnxruntime's memory arena (an arena grown for one run
     # costs more than it saves: session and run ~2/3 of the time at hidden 256)
-    runner = OrtRunner(exposed, provider=provider, session_options=_ONE_RUN, cache=False)
+    runner = OrtRunner(exposed, provider=provider, session_options={**_ONE_RUN, **config}, cache=False)
     names = runner.output_names
     return dict(zip(names, runner.run(names, feeds), strict=True))
 
 
 def _checked_ort_values(checked: Callable[[], CheckedModel], feeds: Mapping[str, Any], provider: str) -> dict[str, torch.Tensor]:
     """`ort_intermediates` from the checked model's serialized bytes (the model is not serialized again;
-    one above 2 GB, checked from its file, is)."""
+    one above 2 GB is read from its file without its weights, which onnxruntime reads from their files)."""
     c = checked()
-    return _ort_values(exposed_bytes(c.proto, c.data or None), feeds, provider)
+    return _ort_values(*exposed_for_ort(c.proto, c.data or None, c.path), feeds, provider)
 
 
 #: onnxruntime's session options for a session blame runs once (the CPU allocator's arena off)
@@ -297,12 +313,43 @@ _ONE_RUN: dict[str, Any] = {"enable_cpu_mem_arena": False}
 def ort_graph_notes(model: Any, provider: str = "CPU") -> list[str]:
     """What onnxruntime changes in the graph on `provider` that shifts precision: the nodes it runs in
     another dtype through inserted Casts (its CPU provider lacks float16 kernels for many ops)."""
-    import os
+    m = load_model(model)
+    path = model_path(model)
+    data = serialized(m, path)
+    if data is None:  # above 2 GB: from its file, the weights read where they are
+        if path is None:
+            return []  # (notes are a bonus: no error for them)
+        m = onnx.load_model(str(path), load_external_data=False)
+        data, config = m.SerializeToString(), {EXTERNAL_DATA_FOLDER: str(path.resolve().parent)}
+    else:
+        config = {}
+    return _graph_notes(m, data, config, provider)
+
+
+def _named_notes(named: Callable[[], onnx.ModelProto], large_file: str | None, keys: Sequence[str], provider: str) -> list[str]:
+    """`ort_graph_notes` of the model with its nodes named by their keys: `named()`'s copy, or for a model
+    above 2 GB its file without the weights, renamed, onnxruntime reading the weights from their files."""
+    if large_file is None:
+        copy = named()
+        return _graph_notes(copy, copy.SerializeToString(), {}, provider)
+    skeleton = onnx.load_model(large_file, load_external_data=False)
+    for node, key in zip(skeleton.graph.node, keys, strict=True):
+        node.name = key
+    return _graph_notes(skeleton, skeleton.SerializeToString(), {EXTERNAL_DATA_FOLDER: os.path.dirname(large_file)}, provider)
+
+
+def _done(value: Any) -> Future[Any]:
+    """A future holding `value` already."""
+    f: Future[Any] = Future()
+    f.set_result(value)
+    return f
+
+
+def _graph_notes(m: onnx.ModelProto, data: bytes, config: Mapping[str, str], provider: str) -> list[str]:
     import tempfile
 
     import onnxruntime
 
-    m = load_model(model)
     ep = KNOWN[parse_provider(provider)]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "optimized.onnx")
@@ -310,13 +357,17 @@ def ort_graph_notes(model: Any, provider: str = "CPU") -> list[str]:
         so.optimized_model_filepath = path
         # no optimizations: only the transformations onnxruntime always applies (Cast insertion)
         so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        for key, value in config.items():
+            so.add_session_config_entry(key, value)
+        if config:  # (the optimized copy's weights go to a file of its own in `tmp`, not into the model's)
+            so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx.data")
         try:
-            onnxruntime.InferenceSession(m.SerializeToString(), so, providers=[ep])
+            onnxruntime.InferenceSession(data, so, providers=[ep])
         except Exception:  # the caller's own run reports session errors; notes are a bonus
             return []
         if not os.path.exists(path):
             return []
-        optimized = onnx.load(path)
+        optimized = onnx.load(path, load_external_data=False)  # (its graph is all that is read)
     inserted = {n.output[0]: n for n in optimized.graph.node if n.op_type == "Cast" and "Inserted" in n.name}
     if not inserted:
         return []
@@ -1067,7 +1118,8 @@ def blame(
     graph's table is exact throughout. 0: only the 3 nodes and the op type ranked first run (the floor of
     the cost, with those the head of the table needs). None: every swap runs exactly.
     """
-    m = load_model(model)
+    checked_before = model if isinstance(model, CheckedModel) else None  # (Checker.check's, checked already)
+    m = checked_before.proto if checked_before is not None else load_model(model)
     provider = parse_provider(provider)
     device = torch_device(provider)
     kernels = dict(kernels or {})
@@ -1095,7 +1147,8 @@ def blame(
     try:
         # onnx.checker's verdict (cached per model) and the serialized bytes onnxruntime's session is made
         # from, once: the session with every value exposed takes them as they are, plus its outputs
-        checked = helper.submit(check_model, m)
+        # (a model above 2 GB is checked from its file, and onnxruntime reads its weights from theirs)
+        checked = _done(checked_before) if checked_before is not None else helper.submit(functools.partial(check_model, m, path=model_path(model)))
         ort_future = helper.submit(_checked_ort_values, checked.result, feeds, provider)
         try:
             base = TorchEvaluator(m, device=device, kernels=kernels, check_model=False, **extra)
@@ -1129,7 +1182,7 @@ def blame(
         torch_done.set_result(torch_all)
         # the checker's verdict, done by now (the torch run did not wait for it): an invalid model fails
         # with its message before anything else runs on it
-        checked.result()
+        large_file = checked.result().path  # (set only for a model above 2 GB, read from its file)
         del checked  # (its serialized model: the onnxruntime thread holds it only while it needs it)
         clock.lap("torch run (every value)")
         # the float64 oracle in a thread of its own, after the torch run (whose values the local outputs
@@ -1367,7 +1420,7 @@ def blame(
         # onnxruntime inserts Casts only around nodes reading float16 (its InsertCastTransformer): without a
         # float16 value there is nothing to note, and no session to build for it
         has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in torch_all.values())
-        notes = ort_graph_notes(named(), provider) if has_fp16 and not gap.is_exact else []
+        notes = _named_notes(named, large_file, keys, provider) if has_fp16 and not gap.is_exact else []
         clock.lap("onnxruntime graph notes")
         return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes, nodes_recomputed=swapper.executed, timings=clock.laps)
     finally:

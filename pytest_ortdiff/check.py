@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .dtypes import dtype_of
-from .model_io import CheckedModel, check_feeds, check_model, load_model
+from .model_io import CheckedModel, check_feeds, check_model, load_model, model_path
 from .providers import KNOWN, parse_provider, torch_device
 from .results import CheckRow, closer_to_oracle
 from .selection import trim_cache
@@ -318,9 +318,12 @@ class Checker:
         """`model` loaded and passed through onnx.checker, `feeds` checked against its inputs: before any
         runtime sees them."""
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
+        if isinstance(model, CheckedModel):  # (checked already: the command line's model)
+            check_feeds(model.proto, feeds)
+            return model
         m = load_model(model)
         check_feeds(m, feeds)
-        return check_model(m)
+        return check_model(m, path=model_path(model))  # (a model above 2 GB is checked, and run, from its file)
 
     def run(
         self,
@@ -366,7 +369,7 @@ class Checker:
         from .runtimes.ort import OrtRunner, UnsupportedByProviderError
 
         try:
-            return OrtRunner(model.data or model.proto, provider=self.provider).run(output_names, feeds)
+            return OrtRunner(model.source or model.proto, provider=self.provider).run(output_names, feeds)
         except UnsupportedByProviderError as exc:
             raise UnsupportedByProvider(self.provider, self.dtype, exc.op, str(exc)) from None
         except Exception as exc:
@@ -394,7 +397,7 @@ class Checker:
             model.proto, device=self.device, kernels=kernels, compute_dtype=torch.float64 if runtime == "float64" else None, check_model=False, **extra
         )
         # an evaluator holds the model's weights as tensors: float64 copies for the oracle
-        _EVALUATORS[key] = (ev, len(model.data) * (2 if runtime == "float64" else 1))
+        _EVALUATORS[key] = (ev, model.nbytes * (2 if runtime == "float64" else 1))
         trim_cache(_EVALUATORS)
         return ev
 
@@ -471,7 +474,7 @@ class Checker:
         )
         if not result.passed:
             if blame:
-                result = replace(result, blame=self.blame(m, feeds, kernels=kernels, missing=missing))
+                result = replace(result, blame=self.blame(checked, feeds, kernels=kernels, missing=missing))
             raise ToleranceBroken(result.render(), result)
         return result
 

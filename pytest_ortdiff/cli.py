@@ -224,7 +224,8 @@ def _compare_or_raise(args: argparse.Namespace) -> int:
 
     if not 0 <= args.seed < 2**63:
         raise _CompareError(f"--seed {args.seed}: expected an integer from 0 to 2**63-1")
-    model = _load_checked(args.model)
+    checked = _load_checked(args.model)
+    model = checked.proto
     specs = input_specs(model)
     given = _load_feeds(args.feeds, specs) if args.feeds else {}
     dims = _parse_dims(args.dim or (), model, specs, given, args.feeds)
@@ -255,7 +256,7 @@ def _compare_or_raise(args: argparse.Namespace) -> int:
         notes += "; ops without a torch kernel on onnxruntime"
     print(f"{args.model}: torch evaluator vs onnxruntime {checker.provider} {dtype}, dims {dims}, seed {args.seed}{notes}")
     try:
-        result = checker.check(model, feeds, kernels=kernels or None, missing=args.missing)
+        result = checker.check(checked, feeds, kernels=kernels or None, missing=args.missing)  # (checked once, run from its file above 2 GB)
     except ToleranceBroken as exc:
         print(exc)
         return 1
@@ -274,7 +275,8 @@ def _compare_or_raise(args: argparse.Namespace) -> int:
 
 
 def _load_checked(name: str) -> Any:
-    """The model file, loaded and passed through onnx.checker (whose message beats onnxruntime's)."""
+    """The model file, loaded and passed through onnx.checker (whose message beats onnxruntime's): the
+    CheckedModel (a model above 2 GB is checked, and run by onnxruntime, from the file)."""
     from .model_io import InvalidModelError, ModelLoadError, check_model, load_model
 
     try:
@@ -284,10 +286,9 @@ def _load_checked(name: str) -> Any:
     except (OSError, ValueError) as exc:
         raise _CompareError(f"cannot load {name!r}: {exc}") from None
     try:
-        check_model(model, subject=name, path=name)
+        return check_model(model, subject=name, path=name)
     except InvalidModelError as exc:
         raise _CompareError(str(exc)) from None
-    return model
 
 
 def _load_feeds(path: str, specs: Mapping[str, InputSpec]) -> dict[str, Any]:
@@ -526,7 +527,7 @@ def _precision(args: argparse.Namespace) -> int:
         provider = parse_provider(args.provider)
         if unavailable_reason(provider):
             raise _CompareError(f"--provider {args.provider}: {unavailable_reason(provider)}")
-        model = _load_checked(args.model)
+        model = _load_checked(args.model).proto
         specs = input_specs(model)
         given = _load_feeds(args.feeds, specs) if args.feeds else {}
         dims = _parse_dims(args.dim or (), model, specs, given, args.feeds)

@@ -25,15 +25,24 @@ __all__ = [
     "check_feed_names",
     "check_feeds",
     "check_model",
+    "exposed_for_ort",
     "feed_dims",
     "has_subgraph",
     "input_specs",
     "iter_graphs",
     "load_external_data",
     "load_model",
+    "model_path",
     "parse_model",
+    "serialized",
     "session_input_specs",
 ]
+
+#: protobuf's limit on one serialized message. A model above it exists only as a file whose weights sit
+#: in external data files beside it: onnx.checker and onnxruntime read it from there, never from bytes
+PROTOBUF_LIMIT = 2**31 - 1
+#: the onnxruntime session config entry naming the folder a model given as bytes reads its external data from
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
 def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -107,9 +116,98 @@ def load_model(model: Any) -> onnx.ModelProto:
             except OSError as exc:
                 raise ModelLoadError(f"cannot read model file {str(path)!r}: {exc.strerror or exc}") from None
             proto = parse_model(data, repr(str(path)))
+            _remember_files(path, proto)
         load_external_data(proto, path)
         return proto
     raise TypeError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def model_path(model: Any) -> Path | None:
+    """The file a model argument names (a str or Path), else None."""
+    return Path(model) if isinstance(model, str | Path) else None
+
+
+def serialized(model: onnx.ModelProto, path: str | Path | None = None) -> bytes | None:
+    """The model's serialized bytes; None when they would be above protobuf's 2 GB limit (a model whose
+    weights were loaded from external data files): it can then only be read from its file. `path`: the
+    file `model` was loaded from, whose size with its data files' says so without trying (protobuf takes
+    20 s to refuse a 2.4 GB model, half of it to count its bytes)."""
+    from google.protobuf.message import EncodeError
+
+    if path is not None and sum(f.stat().st_size for f in model_files(path)) > PROTOBUF_LIMIT:
+        return None
+    try:
+        data = model.SerializeToString()
+    except (ValueError, EncodeError):  # (pure-Python protobuf raises ValueError above 2 GB, upb EncodeError)
+        if (_byte_size(model) or PROTOBUF_LIMIT + 1) <= PROTOBUF_LIMIT:
+            raise  # (under the limit: another failure, not hidden)
+        return None
+    return data if len(data) <= PROTOBUF_LIMIT else None
+
+
+def _byte_size(model: onnx.ModelProto) -> int | None:
+    """`model.ByteSize()`; None where protobuf cannot count it (upb refuses above 2 GB as well)."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        return int(model.ByteSize())
+    except (ValueError, EncodeError):
+        return None
+
+
+def model_files(path: str | Path) -> list[Path]:
+    """The model file `path` (resolved) and the external data files it names that exist: what `load_model`
+    saw when it read this version of the file, else from the file read again without its weights."""
+    import onnx
+
+    path = Path(path).resolve()
+    stat = path.stat()
+    hit = _FILES.get(str(path))
+    if hit is not None and hit[0] == (stat.st_size, stat.st_mtime_ns):
+        _FILES.move_to_end(str(path))
+        return list(hit[1])
+    if path.suffix in (".onnxtxt", ".textproto", ".json"):
+        return [path]
+    return _remember_files(path, onnx.load_model(str(path), load_external_data=False))  # (the weights stay on disk)
+
+
+# resolved model file -> ((size, modification time) of that file, the files it and its external data are)
+_FILES: OrderedDict[str, tuple[tuple[int, int], tuple[Path, ...]]] = OrderedDict()
+
+
+def _remember_files(path: Path, proto: onnx.ModelProto) -> list[Path]:
+    """The files of the model `proto` as read from `path`, before its external data is loaded into it."""
+    path = path.resolve()
+    locations = {e.value for t in _external_tensors(proto) for e in t.external_data if e.key == "location"}
+    files = (path, *sorted(f for f in (path.parent / location for location in locations) if f.is_file()))
+    stat = path.stat()
+    _FILES[str(path)] = ((stat.st_size, stat.st_mtime_ns), files)
+    while len(_FILES) > _CHECKED_MAX:
+        _FILES.popitem(last=False)
+    return list(files)
+
+
+def too_large(subject: str, model: onnx.ModelProto) -> ValueError:
+    """The error for a model above 2 GB given as a proto or bytes, where only its file can be read."""
+    size = _byte_size(model)
+    return ValueError(
+        f"{subject} is larger than 2 GB{f' ({size / 2**30:.1f} GiB)' if size is not None else ''}, which protobuf cannot serialize: pass "
+        "the path of its .onnx file (saved with its weights in external data files beside it: onnx.save_model(model, "
+        "path, save_as_external_data=True)), so that onnx.checker and onnxruntime read it from there"
+    )
+
+
+def exposed_for_ort(model: onnx.ModelProto, data: bytes | None, path: str | Path | None) -> tuple[bytes, dict[str, str]]:
+    """`expose_all_values(model)` serialized for onnxruntime, and the session config entries it needs to
+    open it. `data`: the model's own serialized bytes (reused, see `exposed_bytes`; no entries needed), or
+    None for a model above 2 GB: then its file `path` is read again without the weights, which
+    onnxruntime reads from their files in the model's folder."""
+    import onnx
+
+    if data is not None or path is None:
+        return exposed_bytes(model, data), {}
+    skeleton = onnx.load_model(str(path), load_external_data=False)
+    return exposed_bytes(skeleton), {EXTERNAL_DATA_FOLDER: str(Path(path).resolve().parent)}
 
 
 def expose_all_values(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -218,11 +316,25 @@ def load_external_data(model: onnx.ModelProto, path: str | Path) -> None:
 @dataclass(frozen=True)
 class CheckedModel:
     """A model that passed onnx.checker: the proto, its serialized bytes (what onnxruntime takes) and
-    their digest (the key of every cache: sessions, evaluators)."""
+    their digest (the key of every cache: sessions, evaluators). A model above 2 GB has no bytes (b""):
+    `path` is its file (resolved), which onnxruntime opens."""
 
     proto: onnx.ModelProto
     data: bytes
     digest: str
+    path: str | None = None
+    #: the model's size in bytes with its weights, where `data` is empty (the files')
+    file_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The model's size with its weights (what a session or an evaluator of it holds)."""
+        return len(self.data) or self.file_bytes
+
+    @property
+    def source(self) -> bytes | str:
+        """What onnxruntime opens: the bytes, or the file of a model above 2 GB."""
+        return self.data or self.path or b""
 
 
 # digest -> the checker's problem (None: valid); a model is checked once however often it is run
@@ -233,23 +345,31 @@ _CHECKED_MAX = 256
 def check_model(model: onnx.ModelProto, *, subject: str = "the model", path: str | Path | None = None) -> CheckedModel:
     """Run onnx.checker on `model`, once per distinct model, before any runtime sees it (onnxruntime's
     own error on an invalid graph is far less clear); InvalidModelError naming `subject` otherwise.
-    `path`: the file the model came from, which the checker needs for a model above 2 GB."""
+    `path`: the file the model came from, which the checker (and onnxruntime) read a model above 2 GB
+    from; without it, such a model is a ValueError saying to pass it."""
     __tracebackhide__ = True  # pytest shows the caller's line, not ours
+
+    data = serialized(model, path)
+    if data is None:  # above protobuf's 2 GB: only the file (holding the model and its data) can be checked
+        if path is None:
+            raise too_large(subject, model)
+        return _check_large(model, Path(path), subject)
+    digest = hashlib.sha1(data).hexdigest()
+    _checked_once(digest, data, subject)  # (the bytes: given the proto, the checker would serialize it again)
+    return CheckedModel(model, data, digest)
+
+
+def _checked_once(digest: str, what: bytes | str, subject: str) -> None:
+    """onnx.checker on `what` (a model's bytes, or its file's path) unless the model `digest` names was
+    checked already; InvalidModelError naming `subject` for a model it rejects, now or before."""
+    __tracebackhide__ = True
     import onnx
 
-    try:
-        data = model.SerializeToString()
-    except ValueError:  # above protobuf's 2 GB: only the file (holding the model and its data) can be checked
-        if path is None:
-            raise ValueError(f"{subject} is larger than 2 GB: pass its path, so that onnx.checker can read it with its external data") from None
-        _check_path(Path(path), subject)
-        return CheckedModel(model, b"", "path:" + hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest())
-    digest = hashlib.sha1(data).hexdigest()
     if digest in _CHECKED:
         _CHECKED.move_to_end(digest)
     else:
         try:
-            onnx.checker.check_model(data)  # (the bytes: given the proto, it would serialize it again)
+            onnx.checker.check_model(what)
             problem = None
         except onnx.checker.ValidationError as exc:
             problem = checker_problem(exc)
@@ -259,16 +379,17 @@ def check_model(model: onnx.ModelProto, *, subject: str = "the model", path: str
     problem = _CHECKED[digest]
     if problem is not None:
         raise InvalidModelError(subject, problem)
-    return CheckedModel(model, data, digest)
 
 
-def _check_path(path: Path, subject: str) -> None:
-    import onnx
-
-    try:
-        onnx.checker.check_model(str(path))
-    except onnx.checker.ValidationError as exc:
-        raise InvalidModelError(subject, checker_problem(exc)) from None
+def _check_large(model: onnx.ModelProto, path: Path, subject: str) -> CheckedModel:
+    """A model above 2 GB checked from its file, once per version of its files: the digest is the
+    resolved path with each file's size and modification time (new weights written there are another
+    model for every cache)."""
+    path = path.resolve()
+    stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in model_files(path)]
+    digest = "path:" + hashlib.sha1(repr(stats).encode()).hexdigest()
+    _checked_once(digest, str(path), subject)
+    return CheckedModel(model, b"", digest, path=str(path), file_bytes=sum(size for _, size, _ in stats))
 
 
 def checker_problem(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ import torch
 from .baseline import bit_mismatches
 from .diff import DiffReport, compare
 from .formatting import g, table
-from .model_io import exposed_bytes
+from .model_io import exposed_for_ort, model_path, serialized, too_large
 
 __all__ = ["VARIATIONS", "ReproducibilityReport", "Variation", "check_reproducible"]
 
@@ -205,13 +205,18 @@ def check_reproducible(
         raise ValueError(f"runs must be an integer >= 2 (the first run is the reference), got {runs!r}")
     provider = parse_provider(provider)
     m = load_model(model)
+    path = model_path(model)
+    data = serialized(m, path)
+    if data is None and path is None:
+        raise too_large("the model", m)
+    source = data if data is not None else str(path)  # (a model above 2 GB: onnxruntime opens its file)
     names = [o.name for o in m.graph.output]
     base = dict(session_options or {})
     variations: list[Variation] = []
     settings: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []  # per variation: (against, got); None: the same, repeated
 
     def runner(options: Mapping[str, Any] | None) -> Any:
-        r = OrtRunner(m, provider=provider, session_options=dict(options) if options else None)
+        r = OrtRunner(source, provider=provider, session_options=dict(options) if options else None)
         return lambda: r.run(None, feeds)
 
     variations.append(_repeat("repeat", f"run 1 ({_label(base)})", runner(base), runs, names))
@@ -239,10 +244,10 @@ def check_reproducible(
         variations.append(_diff("deterministic_compute", "use_deterministic_compute=False", "use_deterministic_compute=True", ref, got, names))
         settings.append(({**base, "use_deterministic_compute": False}, {**base, "use_deterministic_compute": True}))
     if localise and any(not v.identical and not v.error for v in variations):
-        exposed = exposed_bytes(m)  # (serialized once for all the sessions below)
+        exposed, config = exposed_for_ort(m, data, path)  # (serialized once for all the sessions below)
         for at, (v, (a, b)) in enumerate(zip(variations, settings, strict=True)):
             if not v.identical and not v.error:
-                variations[at] = replace(v, first_node=_localise_ort(exposed, m, feeds, provider, a, b, runs))
+                variations[at] = replace(v, first_node=_localise_ort(exposed, config, m, feeds, provider, a, b, runs))
     device = torch_device(provider)
     if torch_deterministic if torch_deterministic is not None else device.startswith("cuda"):
         variations += _torch_deterministic(m, feeds, device, runs, names, kernels, missing, localise)
@@ -327,12 +332,16 @@ def _first_differing(nodes: Sequence[onnx.NodeProto], reference: Mapping[str, An
     return _NOT_LOCALISED
 
 
-def _localise_ort(exposed: bytes, m: onnx.ModelProto, feeds: Mapping[str, Any], provider: str, against: Mapping[str, Any], got: Mapping[str, Any] | None, runs: int) -> str:
-    """Every value under `against` vs under `got` (None: `against` again, `runs` times)."""
+def _localise_ort(
+    exposed: bytes, config: Mapping[str, str], m: onnx.ModelProto, feeds: Mapping[str, Any], provider: str, against: Mapping[str, Any], got: Mapping[str, Any] | None, runs: int
+) -> str:
+    """Every value under `against` vs under `got` (None: `against` again, `runs` times). `config`: the
+    session config entries the exposed copy needs (where a model above 2 GB reads its weights)."""
     from .runtimes.ort import OrtRunner
 
     def values(options: Mapping[str, Any], times: int) -> list[dict[str, Any]]:
-        r = OrtRunner(exposed, provider=provider, session_options=dict(options) if options else None)
+        merged = {**options, **config}
+        r = OrtRunner(exposed, provider=provider, session_options=merged or None)
         names = r.output_names
         return [dict(zip(names, r.run(names, feeds), strict=True)) for _ in range(times)]
 

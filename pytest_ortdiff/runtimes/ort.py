@@ -18,7 +18,15 @@ import onnx
 import torch
 
 from ..dtypes import parse_dtype
-from ..model_io import InputSpec, check_feeds, load_model, session_input_specs
+from ..model_io import (
+    EXTERNAL_DATA_FOLDER,
+    InputSpec,
+    check_feeds,
+    load_model,
+    serialized,
+    session_input_specs,
+    too_large,
+)
 from ..providers import KNOWN, parse_provider, unavailable_reason
 from ..selection import trim_cache
 from .tensors import to_numpy, to_torch
@@ -63,7 +71,11 @@ def model_bytes(model: ModelSource) -> bytes:
         if not Path(model).exists():
             raise FileNotFoundError(f"model file {str(model)!r} does not exist")
         return Path(model).read_bytes()
-    return load_model(model).SerializeToString()
+    proto = load_model(model)
+    data = serialized(proto)
+    if data is None:  # (its weights loaded into memory: above protobuf's 2 GB)
+        raise too_large("the model", proto)
+    return data
 
 
 def _external_data(data: bytes, what: str = "the model's bytes") -> list[tuple[str, str]]:
@@ -100,19 +112,19 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _tensors(g)
 
 
-def _check_external_data(path: Path, external: list[tuple[str, str]]) -> None:
-    """The files a model's external data lives in exist, inside the model's directory."""
-    folder = path.resolve().parent
+def _check_external_data(folder: Path, subject: str, external: list[tuple[str, str]]) -> None:
+    """The files a model's external data lives in exist, inside `folder` (the model's directory)."""
+    folder = folder.resolve()
     for name, location in external:
         target = (folder / location).resolve()  # (symlinks followed: a link out of the folder is refused)
         if not target.is_relative_to(folder):
             raise ValueError(
-                f"model file {str(path)!r}: the data of tensor {name!r} is in {location!r}, outside the model's "
+                f"{subject}: the data of tensor {name!r} is in {location!r}, outside the model's "
                 "directory; external data must sit next to the model (onnx.save(..., location='name.data'))"
             )
         if not target.is_file():
             raise FileNotFoundError(
-                f"model file {str(path)!r}: the data of tensor {name!r} is in {location!r}, which does not exist; "
+                f"{subject}: the data of tensor {name!r} is in {location!r}, which does not exist; "
                 f"copy it next to the model (into {str(folder)!r})"
             )
 
@@ -210,16 +222,22 @@ class OrtRunner:
         self._external_bytes = 0
         external = _external_data(self.model_bytes)
         if external:
-            if not isinstance(model, str | Path):
+            # the folder onnxruntime reads the data from: the model file's, or for bytes the one the session
+            # options name (blame's copy of a model above 2 GB with every value exposed)
+            named = session_options.get(EXTERNAL_DATA_FOLDER) if isinstance(session_options, Mapping) else None
+            if isinstance(model, str | Path):
+                self.model_path = str(Path(model).resolve())
+                folder, subject = Path(self.model_path).parent, f"model file {str(model)!r}"
+            elif named:
+                folder, subject = Path(named).resolve(), f"the model's bytes (external data in {str(named)!r})"
+            else:
                 files = sorted({location for _, location in external})
                 raise ValueError(
                     f"the model keeps the data of {len(external)} tensor(s) in other files ({', '.join(map(repr, files))}): "
                     "pass the model's path, OrtRunner(path), so that onnxruntime finds them, or load them "
-                    "into the model first (onnx.load(path) does)"
+                    f"into the model first (onnx.load(path) does), or name their folder in session_options={{{EXTERNAL_DATA_FOLDER!r}: folder}}"
                 )
-            _check_external_data(Path(model), external)
-            self.model_path = str(Path(model).resolve())
-            folder = Path(self.model_path).parent
+            _check_external_data(folder, subject, external)
             self._external_bytes = sum((folder / location).stat().st_size for location in {loc for _, loc in external})
         self._session: Any = None
         self._input_dtypes: dict[str, torch.dtype | None] | None = None
