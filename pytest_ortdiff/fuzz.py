@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from . import progress
 from .check import Checker, Missing, ToleranceBroken, ToleranceLike, UnsupportedByProvider, row_for
 from .formatting import g
-from .model_io import check_model, load_model
+from .model_io import check_model, load_model, model_path
 from .results import CheckRow
 from .tolerance import Tolerance, Violation
 
@@ -137,7 +137,8 @@ def fuzz(
     def graph_for(values: Mapping[str, int]) -> tuple[Any, list[str], Any]:
         key = tuple((k, int(values[k])) for k in build_dims if k in values)
         if key not in graphs:
-            checked = check_model(load_model(build(dtype=checker.dtype, **dict(key)) if callable(build) else build))
+            source = build(dtype=checker.dtype, **dict(key)) if callable(build) else build
+            checked = check_model(load_model(source), path=model_path(source))  # (a model above 2 GB: from its file)
             evaluator = checker.evaluator(checked, kernels=kernels, missing=missing)
             graphs[key] = (checked, [o.name for o in checked.proto.graph.output], evaluator)
         return graphs[key]

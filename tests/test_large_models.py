@@ -244,3 +244,11 @@ def test_a_model_file_under_2_gb_is_read_once(tmp_path: Path, monkeypatch: pytes
     assert model_io.model_files(path) == [path.resolve(), (path.parent / "model.onnx.data").resolve()] and reads == []
     path.touch()  # (another version of the file: read again)
     assert model_io.model_files(path)[0] == path.resolve() and reads == [str(path.resolve())]
+
+
+def test_fuzzing_a_large_model_runs_it_from_its_file(large: Any) -> None:
+    from pytest_ortdiff.fuzz import fuzz
+
+    path, _, _ = large
+    result = fuzz(Checker("CPU", "float32"), path, dims={"a": (1, 3), "b": (1, 8), "c": (64, 64)}, max_examples=3)
+    assert result.examples >= 1 and result.passed
