@@ -252,3 +252,44 @@ def test_fuzzing_a_large_model_runs_it_from_its_file(large: Any) -> None:
     path, _, _ = large
     result = fuzz(Checker("CPU", "float32"), path, dims={"a": (1, 3), "b": (1, 8), "c": (64, 64)}, max_examples=3)
     assert result.examples >= 1 and result.passed
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_real_export_above_the_limit_gives_the_in_memory_numbers_and_table(exporter: str, dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the Whisper-like front end (Conv1d + GELU + positional embedding + attention) exported by each torch
+    # exporter, saved as a model above 2 GB is (weights in a data file): from its path, the same outputs on
+    # every runtime and the same blame table as the model in memory
+    from real_models import MODELS, export
+
+    torch_dtype = getattr(torch, dtype)
+    model = export("whisper", exporter, torch_dtype)
+    inits = {i.name for i in model.graph.initializer}
+    assert len(inits) >= 4  # (the weights are initializers: what goes to the data file)
+    names = [i.name for i in model.graph.input if i.name not in inits]
+    feeds = dict(zip(names, MODELS["whisper"].inputs(torch_dtype), strict=True))
+    path = _save(model, tmp_path / exporter)
+    checker = Checker("CPU", dtype)
+    want = {runtime: checker.run(model, feeds, runtime=runtime) for runtime in ("ort", "torch")}
+    want_table = blame(model, feeds, dtype=dtype)
+    monkeypatch.setattr(model_io, "PROTOBUF_LIMIT", path.stat().st_size)  # (the file without its weights fits)
+    assert checker.prepare(path, feeds).path == str(path.resolve())  # (from its file: "above 2 GB")
+    for runtime, outputs in want.items():
+        for a, b in zip(checker.run(path, feeds, runtime=runtime), outputs, strict=True):
+            assert torch.equal(a, b), runtime
+    table = blame(path, feeds, dtype=dtype)
+    assert _rows(table) == _rows(want_table)
+    assert table.notes == want_table.notes and table.first_divergence == want_table.first_divergence
+
+
+def test_a_large_model_runs_from_its_file_on_cuda(large: Any) -> None:
+    from pytest_ortdiff.providers import unavailable_reason
+
+    why = unavailable_reason("CUDA")
+    if why:
+        pytest.skip(f"CUDA: {why}")
+    path, feeds, _ = large
+    checker = Checker("CUDA", "float32")
+    assert checker.check(path, feeds).passed
+    table = blame(path, feeds, provider="CUDA", kernels=PLANTED)
+    assert table.culprit is not None and table.culprit.node == "layer_norm"
