@@ -334,11 +334,13 @@ def _load_feeds(path: str, specs: Mapping[str, InputSpec]) -> dict[str, Any]:
 def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec], given: Mapping[str, Any], feeds_file: str | None) -> dict[str, int]:
     """--dim NAME=VALUE for every symbolic dim the feeds from --feeds do not fix already."""
     from .model_io import feed_dims
-    from .strategies import symbolic_dims
+    from .strategies import PinnedDims, pinned_dims, symbolic_dims
 
     known = symbolic_dims(model)
     fixed = feed_dims(specs, given)
     dims: dict[str, int] = dict(fixed)
+    # the dims the model itself fixes (a weight's size exported as a symbolic dim), or makes equal to another
+    pins = pinned_dims(model) if any(d not in fixed for d in known) else PinnedDims()
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit():
@@ -350,7 +352,18 @@ def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec]
             raise _CompareError(f"--dim {item}: the model has no symbolic dim {name!r}; {where}")
         if name in fixed and fixed[name] != int(value):
             raise _CompareError(f"--dim {item}: the feeds in {feeds_file} have {name}={fixed[name]}; drop --dim {name} or change the file")
+        if name in pins.fixed and pins.fixed[name] != int(value):
+            raise _CompareError(f"--dim {item}: {pins.why(name)}, and onnxruntime fails on any other value; drop --dim {name} (it is taken as {pins.fixed[name]})")
         dims[name] = int(value)
+    for name, pinned in pins.fixed.items():
+        dims.setdefault(name, pinned)
+    for name, other in pins.same.items():
+        if name in dims and other in dims and dims[name] != dims[other]:
+            raise _CompareError(f"--dim {name}={dims[name]} and {other}={dims[other]}: {pins.why(name)}; give the same value, or only --dim {other}")
+        if other in dims:
+            dims.setdefault(name, dims[other])
+        elif name in dims:
+            dims[other] = dims[name]
     # only the inputs drawn need their dims
     drawn = {d for n, s in specs.items() if n not in given for d in (s.dims or ()) if isinstance(d, str)}
     missing = [d for d in known if d not in dims and d in drawn]

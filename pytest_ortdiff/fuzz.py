@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import progress
-from .check import Checker, Missing, ToleranceBroken, ToleranceLike, UnsupportedByProvider, row_for
+from .check import (
+    Checker,
+    Missing,
+    OrtRunError,
+    ToleranceBroken,
+    ToleranceLike,
+    UnsupportedByProvider,
+    row_for,
+)
 from .formatting import g
 from .model_io import check_model, load_model, model_path
 from .results import CheckRow
@@ -169,6 +177,9 @@ def fuzz(
         except (UnsupportedByProvider, MissingKernelError) as exc:
             stopped.append(exc)
             return
+        except OrtRunError as exc:  # (shapes onnxruntime refuses: which ones, and what to do)
+            exc.add_note(f"ortdiff.fuzz: onnxruntime refused the example at dims {values}; if the model fixes one of them (a weight's size declared as a symbolic dim), give it as a bound: dims={{name: value}}")
+            raise
         expected = evaluator.run(None, feeds)
         report = checker.compare(expected, got, tolerance=tol, names=names)
         stats["examples"] += 1

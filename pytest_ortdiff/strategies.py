@@ -3,8 +3,10 @@ constraints), feeds per dtype and value regime, and the providers/dtypes the run
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,7 +16,7 @@ from . import selection
 from .dtypes import DType, dtype_of
 from .model_io import load_model
 
-__all__ = ["REGIMES", "dims", "dtypes", "feeds", "make_feeds", "providers", "symbolic_dims"]
+__all__ = ["REGIMES", "PinnedDims", "dims", "dtypes", "feeds", "make_feeds", "pinned_dims", "providers", "symbolic_dims"]
 
 #: value regimes `feeds` knows
 REGIMES = ("normal", "uniform", "large", "tiny", "special")
@@ -37,15 +39,87 @@ def symbolic_dims(model: Any) -> list[str]:
     return out
 
 
-def _builder_spec(target: Any) -> tuple[dict[str, tuple[int, int]], tuple[Any, ...]]:
-    """(dim name -> (low, high), constraints) from a builder function's `dims` / `constraints`
-    attributes, or from a ModelProto's symbolic dims with the default range."""
+@dataclass(frozen=True)
+class PinnedDims:
+    """What a model fixes of its inputs' symbolic dims, as onnxruntime's symbolic shape inference reads it:
+    `fixed` {dim: value} for a dim the model's weights or constants fix (a Linear's in-features exported as
+    a symbolic `hidden`: every other value fails in onnxruntime), `same` {dim: dim drawn for it} for a dim
+    that must equal another (two inputs' sequence lengths under two names)."""
+
+    fixed: Mapping[str, int] = field(default_factory=dict)
+    same: Mapping[str, str] = field(default_factory=dict)
+
+    def why(self, name: str) -> str:
+        if name in self.fixed:
+            return f"the model fixes {name!r} at {self.fixed[name]} (its weights or constants do: onnxruntime's symbolic shape inference)"
+        return f"the model makes {name!r} equal to {self.same[name]!r} (onnxruntime's symbolic shape inference)"
+
+
+def pinned_dims(model: Any) -> PinnedDims:
+    """The symbolic input dims `model` fixes, or makes equal to another (see `PinnedDims`), from
+    onnxruntime's symbolic shape inference (`onnxruntime.tools.symbolic_shape_infer`, merging dims where an
+    op needs them equal). Nothing pinned where that inference cannot read the model (an op it does not
+    know, a model above 2 GB): a dim the model fixes then fails in onnxruntime when drawn otherwise."""
+    m = load_model(model)
+    init = {i.name for i in m.graph.initializer}
+    before = {vi.name: [d.dim_param if d.dim_param else None for d in vi.type.tensor_type.shape.dim] for vi in m.graph.input if vi.name not in init}
+    if not any(p for dims_ in before.values() for p in dims_):
+        return PinnedDims()
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+        level = logger.level
+        logger.setLevel(logging.CRITICAL)  # (its warnings about ops it guesses are not the user's business)
+        try:
+            inferred = SymbolicShapeInference.infer_shapes(m, auto_merge=True)
+        finally:
+            logger.setLevel(level)
+    except Exception:  # (a model it cannot read: nothing pinned, as before)
+        return PinnedDims()
+    if inferred is None:
+        return PinnedDims()
+    known = set(symbolic_dims(m))
+    fixed: dict[str, int] = {}
+    same: dict[str, str] = {}
+    for vi in inferred.graph.input:
+        params = before.get(vi.name)
+        if params is None:
+            continue
+        for p, d in zip(params, vi.type.tensor_type.shape.dim, strict=False):
+            if p is None:
+                continue
+            if d.HasField("dim_value") and d.dim_value > 0:
+                fixed.setdefault(p, int(d.dim_value))
+            elif d.dim_param and d.dim_param != p and d.dim_param in known:
+                same.setdefault(p, d.dim_param)
+    # a chain a -> b -> c: each drawn as the last, which is neither fixed nor merged into another
+    for p in list(same):
+        seen = {p}
+        q = same[p]
+        while q in same and q not in seen:
+            seen.add(q)
+            q = same[q]
+        if q in fixed:
+            fixed.setdefault(p, fixed[q])
+            del same[p]
+        elif q == p:
+            del same[p]
+        else:
+            same[p] = q
+    return PinnedDims(fixed, {p: q for p, q in same.items() if p not in fixed})
+
+
+def _builder_spec(target: Any) -> tuple[dict[str, tuple[int, int]], tuple[Any, ...], PinnedDims]:
+    """(dim name -> (low, high), constraints, pins) from a builder function's `dims` / `constraints`
+    attributes, or from a ModelProto's symbolic dims with the default range and what it pins of them."""
     if callable(target) and not hasattr(target, "graph"):
         spec = dict(getattr(target, "dims", {}) or {})
         if not spec:
             raise ValueError(f"builder {getattr(target, '__name__', target)!r} declares no `dims` ranges; give bounds: dims(builder, name=(low, high), ...)")
-        return {k: (int(v[0]), int(v[1])) for k, v in spec.items()}, tuple(getattr(target, "constraints", ()) or ())
-    return dict.fromkeys(symbolic_dims(target), _DEFAULT_RANGE), ()
+        return {k: (int(v[0]), int(v[1])) for k, v in spec.items()}, tuple(getattr(target, "constraints", ()) or ()), PinnedDims()
+    pins = pinned_dims(target)
+    return {d: (pins.fixed[d], pins.fixed[d]) if d in pins.fixed else _DEFAULT_RANGE for d in symbolic_dims(target)}, (), pins
 
 
 def _satisfied(constraint: Any, values: Mapping[str, int]) -> bool:
@@ -61,7 +135,7 @@ def dims(target: Any, *, max_size: int | None = None, **bounds: int | tuple[int,
     Keyword bounds override one dim: `c=(1, 256)` draws c in [1, 256]; `a=2` pins a. `max_size` bounds the
     product of all dims (elements of the largest input), to keep examples cheap.
     """
-    spec, constraints = _builder_spec(target)
+    spec, constraints, pins = _builder_spec(target)
     for name, b in bounds.items():
         if name not in spec:
             raise ValueError(f"dims(): {name!r} is not a dim of this model/builder; its dims are {sorted(spec)}")
@@ -70,6 +144,11 @@ def dims(target: Any, *, max_size: int | None = None, **bounds: int | tuple[int,
         lo, hi = int(b[0]), int(b[1])
         if not 0 <= lo <= hi:
             raise ValueError(f"dims(): bounds for {name!r} must satisfy 0 <= low <= high, got ({lo}, {hi})")
+        if name in pins.fixed and (lo, hi) != spec[name]:
+            v = pins.fixed[name]
+            raise ValueError(f"dims(): {name}={(lo, hi) if lo != hi else lo}: {pins.why(name)}, and onnxruntime fails on any other value; drop {name!r} from the bounds (it is drawn as {v}) or give {name}={v}")
+        if name in pins.same:
+            raise ValueError(f"dims(): {name!r}: {pins.why(name)}; give bounds for {pins.same[name]!r} instead (both take its value)")
         spec[name] = (lo, hi)
     if max_size is not None and max_size < 1:
         raise ValueError(f"dims(): max_size must be >= 1, got {max_size}")
@@ -92,6 +171,8 @@ def dims(target: Any, *, max_size: int | None = None, **bounds: int | tuple[int,
 
         values: dict[str, int] = {}
         for name in order:
+            if name in pins.same:  # (drawn once, for the dim it must equal)
+                continue
             lo, hi = spec[name]
             checks = staged[name]
             if checks and hi - lo <= 4096:
@@ -103,6 +184,8 @@ def dims(target: Any, *, max_size: int | None = None, **bounds: int | tuple[int,
                 values[name] = draw(st.integers(lo, hi))
                 if checks and not all(_satisfied(c, values) for c in checks):
                     reject()
+        if pins.same:
+            values = {name: values[pins.same[name]] if name in pins.same else values[name] for name in order}
         if late and not all(_satisfied(c, values) for c in late):
             reject()
         if max_size is not None and math.prod(values.values()) > max_size:
