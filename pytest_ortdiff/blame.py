@@ -243,7 +243,7 @@ class BlameTable(Sequence[BlameRow]):
             lines.append("by module scope (its nodes' explained summed, the scopes inside it included):")
             shown_scopes = [s for s in scopes if s.explained > 0][:10]
             for s in shown_scopes:
-                lines.append(f"  {s.scope}: {s.explained * 100:.0f} % of the gap ({s.nodes} nodes; most: {s.top_node} {s.top_explained * 100:.0f} %)")
+                lines.append(f"  {s.scope}: {s.explained * 100:.0f} % of the gap ({s.nodes} node{'' if s.nodes == 1 else 's'}; most: {s.top_node} {s.top_explained * 100:.0f} %)")
             if len(scopes) > len(shown_scopes):
                 lines.append(f"  ... {len(scopes) - len(shown_scopes)} more scopes, {sum(s.explained == 0 for s in scopes)} of them explaining 0 %")
         if self.oracle:

@@ -432,7 +432,7 @@ def _blame(b: Mapping[str, Any]) -> str:
         out.append("<p><b>By module scope</b> (its nodes' explained summed):</p><ul>")
         out.extend(
             f"<li><code>{_e(str(s.get('scope', '')))}</code>: {(_num(s.get('explained')) or 0) * 100:.0f} % of the gap "
-            f"({_int(s.get('nodes'))} nodes; most: <code>{_e(str(s.get('top_node', '')))}</code> {(_num(s.get('top_explained')) or 0) * 100:.0f} %)</li>"
+            f"({_int(s.get('nodes'))} node{'' if _int(s.get('nodes')) == 1 else 's'}; most: <code>{_e(str(s.get('top_node', '')))}</code> {(_num(s.get('top_explained')) or 0) * 100:.0f} %)</li>"
             for s in scopes[:_SCOPES_TOP]
         )
         out.append("</ul>")

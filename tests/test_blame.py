@@ -595,6 +595,10 @@ def test_scope_summary_names_the_layer_of_a_planted_wrong_kernel(stack_export) -
     assert summary[0].explained > 0.9
     text = table.render(top=3)
     assert f"  {summary[0].scope}: " in text and "of the gap" in text
+    shown = [sc for sc in summary if f"\n  {sc.scope}: " in text]
+    assert shown and shown[0] == summary[0]
+    for sc in shown:  # "(1 node; ...)", "(9 nodes; ...)"
+        assert f"{sc.scope}: {sc.explained * 100:.0f} % of the gap ({sc.nodes} node{'' if sc.nodes == 1 else 's'}; most: {sc.top_node} " in text
     assert "more nodes" in text  # only the top rows, then a count
     # TorchScript exports name scopes by node-name prefixes
     import onnx.helper as oh2

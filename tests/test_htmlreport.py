@@ -208,7 +208,7 @@ def test_blame_table_and_module_scopes_when_the_row_carries_them(seeds: dict[str
     for sc in table.by_scope():
         if sc.explained > 0:
             assert (
-                f"<li><code>{sc.scope}</code>: {sc.explained * 100:.0f} % of the gap ({sc.nodes} nodes"
+                f"<li><code>{sc.scope}</code>: {sc.explained * 100:.0f} % of the gap ({sc.nodes} node{'' if sc.nodes == 1 else 's'};"
                 in section
             )
     assert (
