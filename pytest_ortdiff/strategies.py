@@ -93,21 +93,33 @@ def pinned_dims(model: Any) -> PinnedDims:
                 fixed.setdefault(p, int(d.dim_value))
             elif d.dim_param and d.dim_param != p and d.dim_param in known:
                 same.setdefault(p, d.dim_param)
-    # a chain a -> b -> c: each drawn as the last, which is neither fixed nor merged into another
-    for p in list(same):
-        seen = {p}
-        q = same[p]
-        while q in same and q not in seen:
-            seen.add(q)
-            q = same[q]
-        if q in fixed:
-            fixed.setdefault(p, fixed[q])
-            del same[p]
-        elif q == p:
-            del same[p]
-        else:
-            same[p] = q
-    return PinnedDims(fixed, {p: q for p, q in same.items() if p not in fixed})
+    # dims that must be equal, as groups (the inference merges them in an order of its own): each group is
+    # drawn once, as its dim that comes first among the inputs; a group holding a fixed dim is fixed
+    order = symbolic_dims(m)
+    parent = {d: d for d in order}
+
+    def root(d: str) -> str:
+        while parent[d] != d:
+            d = parent[d]
+        return d
+
+    for a, b in same.items():
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            first, second = sorted((ra, rb), key=order.index)
+            parent[second] = first
+    groups: dict[str, list[str]] = {}
+    for d in order:
+        groups.setdefault(root(d), []).append(d)
+    joined: dict[str, str] = {}
+    for rep, members in groups.items():
+        value = next((fixed[d] for d in members if d in fixed), None)
+        for d in members:
+            if value is not None:
+                fixed[d] = value
+            elif d != rep:
+                joined[d] = rep
+    return PinnedDims(fixed, joined)
 
 
 def _builder_spec(target: Any) -> tuple[dict[str, tuple[int, int]], tuple[Any, ...], PinnedDims]:
@@ -136,6 +148,7 @@ def dims(target: Any, *, max_size: int | None = None, **bounds: int | tuple[int,
     product of all dims (elements of the largest input), to keep examples cheap.
     """
     spec, constraints, pins = _builder_spec(target)
+    given: dict[str, tuple[int, int]] = {}  # dim drawn -> the bounds given for it (a dim another is drawn as: theirs too)
     for name, b in bounds.items():
         if name not in spec:
             raise ValueError(f"dims(): {name!r} is not a dim of this model/builder; its dims are {sorted(spec)}")
@@ -147,9 +160,13 @@ def dims(target: Any, *, max_size: int | None = None, **bounds: int | tuple[int,
         if name in pins.fixed and (lo, hi) != spec[name]:
             v = pins.fixed[name]
             raise ValueError(f"dims(): {name}={(lo, hi) if lo != hi else lo}: {pins.why(name)}, and onnxruntime fails on any other value; drop {name!r} from the bounds (it is drawn as {v}) or give {name}={v}")
-        if name in pins.same:
-            raise ValueError(f"dims(): {name!r}: {pins.why(name)}; give bounds for {pins.same[name]!r} instead (both take its value)")
-        spec[name] = (lo, hi)
+        drawn = pins.same.get(name, name)  # (dims that must be equal: one draw, within every bound given for them)
+        if drawn in given:
+            lo, hi = max(lo, given[drawn][0]), min(hi, given[drawn][1])
+            if lo > hi:
+                raise ValueError(f"dims(): the bounds given for {name!r} and for the dims it must equal leave no value in common ({pins.why(name) if name in pins.same else 'they are drawn as one'}); give one range")
+        given[drawn] = (lo, hi)
+    spec.update(given)
     if max_size is not None and max_size < 1:
         raise ValueError(f"dims(): max_size must be >= 1, got {max_size}")
     order = list(spec)
