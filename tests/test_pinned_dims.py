@@ -7,6 +7,7 @@ fixes. A dynamo export (which checks its dynamic dims itself) pins nothing."""
 
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 from pathlib import Path
@@ -39,7 +40,9 @@ class Block(nn.Module):
         return x + self.down(nn.functional.gelu(self.up(self.norm(x)))) * mask.unsqueeze(-1)
 
 
+@functools.cache
 def _export(exporter: str, dtype: torch.dtype = torch.float32) -> onnx.ModelProto:
+    """The block exported once per exporter and dtype (callers only read it)."""
     torch.manual_seed(0)
     module = Block().eval().to(dtype)
     args = (torch.randn(2, 5, HIDDEN, dtype=dtype), torch.ones(2, 5, dtype=dtype))
