@@ -366,7 +366,7 @@ def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec]
             dims[other] = dims[name]
     # only the inputs drawn need their dims
     drawn = {d for n, s in specs.items() if n not in given for d in (s.dims or ()) if isinstance(d, str)}
-    missing = [d for d in known if d not in dims and d in drawn]
+    missing = [d for d in known if d not in dims and d in drawn and d not in pins.same]  # (a dim drawn as another: that one's value)
     if missing:
         raise _CompareError(
             f"the model's inputs have symbolic dims {missing}: give each a value, e.g. " + " ".join(f"--dim {d}=2" for d in missing)

@@ -79,8 +79,9 @@ def test_a_torchscript_export_pins_the_dim_its_weights_fix_and_joins_equal_dims(
     assert dict(pins.same) == {"mask_seq": "seq"}
 
 
-def test_a_dynamo_export_pins_nothing() -> None:
-    model = _export("dynamo")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_dynamo_export_pins_nothing(dtype: torch.dtype) -> None:
+    model = _export("dynamo", dtype)
     assert strategies.pinned_dims(model) == strategies.PinnedDims()
     assert len(strategies.symbolic_dims(model)) == 2
 
@@ -151,3 +152,16 @@ def test_fuzz_names_the_dims_onnxruntime_refused(torchscript: onnx.ModelProto, m
     with pytest.raises(OrtRunError) as info:
         fuzz(Checker("CPU", "float32"), torchscript, dims={"batch": 1, "seq": 2, "mask_seq": 2, "hidden": (16, 16)}, max_examples=3)
     assert any("onnxruntime refused the example at dims {'batch': 1, 'seq': 2, 'hidden': 16, 'mask_seq': 2}" in n and "give it as a bound: dims={name: value}" in n for n in info.value.__notes__)
+
+
+def test_compare_asks_only_for_the_dims_the_model_leaves_free(torchscript: onnx.ModelProto, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "block.onnx"
+    onnx.save(torchscript, path)
+    assert main(["compare", str(path)]) == 2
+    err = capsys.readouterr().err
+    # not hidden (fixed at 32), not mask_seq (drawn as seq)
+    assert "the model's inputs have symbolic dims ['batch', 'seq']: give each a value, e.g. --dim batch=2 --dim seq=2" in err
+    # the mask's name given alone sets the length of both
+    assert main(["compare", str(path), "--dim", "batch=1", "--dim", "mask_seq=3"]) == 0
+    assert "dims {'batch': 1, 'mask_seq': 3, 'hidden': 32, 'seq': 3}" in capsys.readouterr().out
+
