@@ -9,6 +9,7 @@ packages split by topic, the others one module each. tests/test_kernels_layout.p
 from __future__ import annotations
 
 from . import (  # noqa: F401  (registration)
+    contrib,
     controlflow,
     generator,
     logical,

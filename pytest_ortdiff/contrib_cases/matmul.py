@@ -1,0 +1,7 @@
+"""Conformance cases for onnxruntime's matmul contrib ops (see pytest_ortdiff.contrib_cases)."""
+
+from __future__ import annotations
+
+from . import ContribCase
+
+CASES: list[ContribCase] = []

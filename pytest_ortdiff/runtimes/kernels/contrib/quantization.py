@@ -1,0 +1,3 @@
+"""Torch kernels for onnxruntime's quantization contrib ops: MatMulNBits, GatherBlockQuantized, DynamicQuantizeMatMul, MatMulIntegerToFloat, QGemm, the QLinear* family."""
+
+from __future__ import annotations
