@@ -1,0 +1,84 @@
+"""Float16 models as onnxruntime's converter writes them: float16 compute behind float32 inputs and outputs
+(keep_io_types=True) judged as float16, and the one-Cast-per-consumer graphs of onnxruntime 1.31's converter."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+import torch
+
+from pytest_ortdiff import TorchEvaluator
+
+F, F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+
+
+def _fanout_model() -> onnx.ModelProto:
+    """x -> MatMul -> y, read by Pow and Sin (kept in float32 by the converter's op_block_list) -> Add."""
+    rng = np.random.default_rng(0)
+    w = oh.make_tensor("w", F, [4, 4], rng.random(16, dtype=np.float32).tolist())
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+        oh.make_node("Pow", ["y", "two"], ["p1"], name="pow1"),
+        oh.make_node("Sin", ["y"], ["p2"], name="sin"),
+        oh.make_node("Add", ["p1", "p2"], ["z"], name="add"),
+    ]
+    graph = oh.make_graph(nodes, "fanout", [oh.make_tensor_value_info("x", F, [2, 4])], [oh.make_tensor_value_info("z", F, [2, 4])],
+                          [w, oh.make_tensor("two", F, [], [2.0])])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
+
+
+def _as_onnxruntime_131_writes_it(model: onnx.ModelProto) -> onnx.ModelProto:
+    """What onnxruntime 1.31.1's convert_float_to_float16 writes where 1.32's writes one Cast: one identical Cast
+    (same name, same output) per float32 consumer of a float16 value (reproduced on 1.31.1: `y_cast_to_fp32_node`
+    twice for the Pow and the Sin above). Under 1.31 itself the converter's graph is already so, and stays so."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    readers: dict[str, int] = {}
+    writers: dict[str, int] = {}
+    for n in out.graph.node:
+        for x in n.input:
+            readers[x] = readers.get(x, 0) + 1
+        writers[n.output[0]] = writers.get(n.output[0], 0) + 1
+    extra = []
+    for n in out.graph.node:
+        if n.op_type == "Cast" and n.output[0].endswith("_cast_to_fp32") and writers[n.output[0]] == 1:
+            extra += [n] * (readers.get(n.output[0], 1) - 1)
+    out.graph.node.extend(extra)
+    return out
+
+
+def _converted(keep_io_types: bool = True) -> onnx.ModelProto:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(_fanout_model(), keep_io_types=keep_io_types, op_block_list=["Pow", "Sin"])
+
+
+def test_a_value_written_by_two_nodes_is_refused_in_one_line_naming_onnxruntime_131s_converter() -> None:
+    """The evaluator ran such a graph into a KeyError (the second Cast's value freed after the first reader);
+    onnxruntime 1.31.1 refuses it too ("two nodes with same node name"). One message, with the fix."""
+    model = _as_onnxruntime_131_writes_it(_converted())
+    assert [n.name for n in model.graph.node].count("y_cast_to_fp32_node") == 2
+    with pytest.raises(ValueError, match=r"'y_cast_to_fp32' is the output of 2 nodes \('y_cast_to_fp32_node' \(Cast\), 'y_cast_to_fp32_node' \(Cast\)\).*onnxruntime 1\.31.*convert_float_to_float16.*>= 1\.32") as info:
+        TorchEvaluator(model, check_model=False)
+    assert "\n" not in str(info.value)
+
+
+def test_convert_half_keeps_one_of_the_identical_casts_onnxruntime_131s_converter_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """precision.convert_half on a converter that writes a Cast per consumer (1.31.1's) gives the graph 1.32's
+    converter gives: the same nodes, and the same float16-arithmetic outputs bit for bit."""
+    import onnxruntime.transformers.float16 as float16
+
+    from pytest_ortdiff.precision.keep import convert_half
+
+    model = _fanout_model()
+    good = convert_half(model, op_block_list=["Pow", "Sin"])
+    original = float16.convert_float_to_float16
+    monkeypatch.setattr(float16, "convert_float_to_float16", lambda *a, **k: _as_onnxruntime_131_writes_it(original(*a, **k)))
+    fixed = convert_half(model, op_block_list=["Pow", "Sin"])
+    assert [(n.op_type, n.name, list(n.output)) for n in fixed.graph.node] == [(n.op_type, n.name, list(n.output)) for n in good.graph.node]
+    x = {"x": torch.rand(2, 4, generator=torch.Generator().manual_seed(0))}
+    (a,) = TorchEvaluator(good).run(None, x)
+    (b,) = TorchEvaluator(fixed).run(None, x)
+    assert torch.equal(a, b)
