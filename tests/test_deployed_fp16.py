@@ -82,3 +82,30 @@ def test_convert_half_keeps_one_of_the_identical_casts_onnxruntime_131s_converte
     (a,) = TorchEvaluator(good).run(None, x)
     (b,) = TorchEvaluator(fixed).run(None, x)
     assert torch.equal(a, b)
+
+
+def _embed_layer_norm() -> onnx.ModelProto:
+    """onnxruntime's EmbedLayerNormalization alone (what its optimizer fuses BERT's embeddings into)."""
+    rng = np.random.default_rng(0)
+    weights = [oh.make_tensor(name, F, shape, rng.standard_normal(int(np.prod(shape))).astype(np.float32).tolist())
+               for name, shape in (("word", [16, 8]), ("position", [8, 8]), ("segment", [2, 8]), ("gamma", [8]), ("beta", [8]))]
+    node = oh.make_node("EmbedLayerNormalization", ["ids", "segments", "word", "position", "segment", "gamma", "beta"], ["y", "mask_index"],
+                        domain="com.microsoft", epsilon=1e-12, name="embed")
+    i32 = onnx.TensorProto.INT32
+    graph = oh.make_graph([node], "embed", [oh.make_tensor_value_info("ids", i32, [1, 4]), oh.make_tensor_value_info("segments", i32, [1, 4])],
+                          [oh.make_tensor_value_info("y", F, [1, 4, 8]), oh.make_tensor_value_info("mask_index", i32, [1])], weights)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)], ir_version=9)
+
+
+def test_the_oracle_runs_a_contrib_op_whose_schema_takes_no_double_in_float32() -> None:
+    """The float64 oracle crashed on a node sent to onnxruntime whose contrib-op schema has no tensor(double)
+    (EmbedLayerNormalization: "Type 'tensor(double)' of input parameter ... is invalid", at session creation):
+    such a node runs in float32, inputs cast down, outputs back up, as one onnxruntime has no double kernel for."""
+    from pytest_ortdiff import OrtRunner
+
+    model = _embed_layer_norm()
+    feeds = {"ids": torch.tensor([[1, 5, 9, 15]], dtype=torch.int32), "segments": torch.tensor([[0, 0, 1, 1]], dtype=torch.int32)}
+    y, mask_index = TorchEvaluator(model, compute_dtype=torch.float64, kernels={("com.microsoft", "EmbedLayerNormalization"): "ort"}).run(None, feeds)
+    expected, expected_mask = OrtRunner(model).run(None, feeds)
+    assert y.dtype == torch.float64 and mask_index.dtype == torch.int32
+    assert torch.equal(y, expected.double()) and torch.equal(mask_index, expected_mask)

@@ -108,10 +108,13 @@ class OrtKernel(Kernel):
         if key not in self._float32_for:
             try:
                 return self._run(inputs)
-            except UnsupportedByProviderError:
-                # The float64 oracle feeds float64, for which onnxruntime lacks many kernels (Hardmax,
-                # ...): this node then runs in float32, inputs cast down and outputs back up.
-                if not any(x is not None and x.dtype == torch.float64 for x in inputs):
+            except Exception as exc:
+                # The float64 oracle feeds float64, for which onnxruntime lacks many kernels (Hardmax, ...)
+                # and which most contrib ops' schemas do not take at all ("Type 'tensor(double)' of input
+                # parameter ... is invalid", at session creation): this node then runs in float32, inputs
+                # cast down and outputs back up.
+                no_double = isinstance(exc, UnsupportedByProviderError) or "tensor(double)" in str(exc)
+                if not no_double or not any(x is not None and x.dtype == torch.float64 for x in inputs):
                     raise
                 self._float32_for.add(key)
         down = tuple(x.to(torch.float32) if x is not None and x.dtype == torch.float64 else x for x in inputs)
