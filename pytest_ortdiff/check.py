@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .dtypes import dtype_of
-from .model_io import CheckedModel, check_feeds, check_model, load_model, model_path
+from .model_io import CheckedModel, check_feeds, check_model, compute_dtype, load_model, model_path
 from .providers import KNOWN, parse_provider, torch_device
 from .results import CheckRow, closer_to_oracle
 from .selection import trim_cache
@@ -162,6 +162,18 @@ class CheckResult:
     closer: Literal["onnxruntime", "torch", "tie"] | None = None
     blame: BlameTable | None = None
     model: str = ""
+    #: why the blame table asked for is not there (blame itself failed): the report comes all the same
+    blame_error: str | None = None
+    #: the dtype the outputs were judged in when not the case's: the half type a model computes in behind
+    #: float32 inputs and outputs (onnxruntime's float16 converter's keep_io_types=True)
+    judged_dtype: str | None = None
+
+    @property
+    def dtype_label(self) -> str:
+        """"float16" or, judged in the model's compute dtype, "float16 (float32 inputs and outputs)"."""
+        if self.judged_dtype is None or self.judged_dtype == self.dtype:
+            return self.dtype
+        return f"{self.judged_dtype} (its compute dtype, behind {self.dtype} inputs and outputs)"
 
     @property
     def passed(self) -> bool:
@@ -197,13 +209,18 @@ class CheckResult:
         for j in self.judgements:
             if j.passed:
                 continue
-            lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype}: tolerance broken ({self.tolerance.describe()})")
+            lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype_label}: tolerance broken ({self.tolerance.describe()})")
             lines += [f"  - {v}" for v in j.violations]
             lines.append(j.report.render())
         if not lines:
-            lines.append(f"ortdiff: {self.judgements[0].title} {self.provider} {self.dtype}: passed ({self.tolerance.describe()})")
+            lines.append(f"ortdiff: {self.judgements[0].title} {self.provider} {self.dtype_label}: passed ({self.tolerance.describe()})")
             lines.append(self.report.render())
-        extra = [self.closer_line() if not self.passed else None, self.ran_on_ort_line(), self.blame.render() if self.blame is not None else None]
+        extra = [
+            self.closer_line() if not self.passed else None,
+            self.ran_on_ort_line(),
+            self.blame.render() if self.blame is not None else None,
+            f"blame failed, no table: {self.blame_error}" if self.blame_error else None,
+        ]
         lines += [x for x in extra if x]
         return "\n".join(lines)
 
@@ -293,7 +310,8 @@ class Checker:
     def __init__(self, provider: str, dtype: str, *, tolerance: ToleranceLike = None) -> None:
         self.provider = parse_provider(provider)
         self.dtype = dtype_of(dtype).short
-        self.tolerance = _as_tolerance(tolerance).for_dtype(self.dtype)
+        self._tolerance_spec = _as_tolerance(tolerance)  # (unresolved: a model computing in another dtype is judged in it)
+        self.tolerance = self._tolerance_spec.for_dtype(self.dtype)
 
     def __repr__(self) -> str:
         return f"Checker(provider={self.provider!r}, dtype={self.dtype!r}, tolerance={self.tolerance.describe()!r})"
@@ -307,11 +325,18 @@ class Checker:
     def torch_dtype(self) -> torch.dtype:
         return dtype_of(self.dtype).torch
 
-    def tolerance_for(self, tolerance: ToleranceLike = None) -> Tolerance:
-        """`tolerance` resolved for this dtype; this checker's own when None."""
+    def tolerance_for(self, tolerance: ToleranceLike = None, *, dtype: str | None = None) -> Tolerance:
+        """`tolerance` resolved for this dtype (or `dtype`); this checker's own when None."""
         if tolerance is None:
-            return self.tolerance
-        return _as_tolerance(tolerance).for_dtype(self.dtype)
+            return self.tolerance if dtype in (None, self.dtype) else self._tolerance_spec.for_dtype(dtype)
+        return _as_tolerance(tolerance).for_dtype(dtype or self.dtype)
+
+    def judged_dtype(self, model: Any) -> str:
+        """The dtype a check of `model` judges outputs in: this case's, or the half type the model computes in
+        behind wider inputs and outputs (`model_io.compute_dtype`: onnxruntime's float16 converter with
+        `keep_io_types=True`), whose rounding a float32 tolerance would call a failure."""
+        m = model.proto if isinstance(model, CheckedModel) else load_model(model)
+        return compute_dtype(m) or self.dtype
 
     # -- running -------------------------------------------------------------------------------
     def prepare(self, model: Any, feeds: Any) -> CheckedModel:
@@ -438,15 +463,18 @@ class Checker:
         _check_missing(missing)
         checked = self.prepare(model, feeds)
         m = checked.proto
-        _warn_other_dtype(m, self.dtype)
+        judged = self.judged_dtype(checked)
+        _warn_other_dtype(m, self.dtype, compute_dtype(m))
         names = [o.name for o in m.graph.output]
         got = self.run_ort(checked, feeds)
         ev = self.evaluator(checked, runtime="torch", kernels=kernels, missing=missing)
         expected = ev.run(None, feeds)
         ran_on_ort = tuple(getattr(ev, "ops_run_by_ort", ()) or ())
-        tol = self.tolerance_for(tolerance)
+        tol = self.tolerance_for(tolerance, dtype=judged)
 
         def judge(title: str, a: Any, b: Any, suffix: str) -> Judgement:
+            if judged != self.dtype:  # (exact for both runtimes: their outputs are the half values cast up)
+                a, b = _as_dtype(a, judged), _as_dtype(b, judged)
             report = self.compare(a, b, tolerance=tol, names=names)
             return Judgement(title, report, tuple(tol.check(report)), suffix)
 
@@ -471,10 +499,15 @@ class Checker:
             ran_on_ort=ran_on_ort,
             closer=closer,
             model=m.graph.name,
+            judged_dtype=judged if judged != self.dtype else None,
         )
         if not result.passed:
             if blame:
-                result = replace(result, blame=self.blame(checked, feeds, kernels=kernels, missing=missing))
+                try:
+                    result = replace(result, blame=self.blame(checked, feeds, kernels=kernels, missing=missing))
+                except Exception as exc:  # the failure report is the point: a blame that fails must not hide it
+                    text = str(exc).strip()
+                    result = replace(result, blame_error=f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
             raise ToleranceBroken(result.render(), result)
         return result
 
@@ -642,10 +675,17 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _warn_other_dtype(m: Any, dtype: str) -> None:
-    """A case whose model has floating inputs/outputs, none of them of the case's dtype: most likely a
-    model built without dtype=ortdiff.dtype, judged under the wrong dtype's tolerance."""
-    found = set()
+def _as_dtype(values: Sequence[Any], dtype: str) -> list[Any]:
+    """Floating tensors wider than `dtype` as `dtype` (outputs of a model computing in it behind float32 I/O)."""
+    target = dtype_of(dtype).torch
+    return [v.to(target) if v.is_floating_point() and v.element_size() > target.itemsize else v for v in values]
+
+
+def _warn_other_dtype(m: Any, dtype: str, compute: str | None = None) -> None:
+    """A case whose model has floating inputs/outputs, none of them of the case's dtype (nor computes in
+    it: a float16 model behind float32 I/O is a float16 case's): most likely a model built without
+    dtype=ortdiff.dtype, judged under the wrong dtype's tolerance."""
+    found = {compute} if compute else set()
     for v in [*m.graph.input, *m.graph.output]:
         try:
             dt = dtype_of(v.type.tensor_type.elem_type)

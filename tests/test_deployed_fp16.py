@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -10,6 +14,7 @@ import pytest
 import torch
 
 from pytest_ortdiff import TorchEvaluator
+from pytest_ortdiff.models import transformer_feeds
 
 F, F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
 
@@ -109,3 +114,43 @@ def test_the_oracle_runs_a_contrib_op_whose_schema_takes_no_double_in_float32() 
     expected, expected_mask = OrtRunner(model).run(None, feeds)
     assert y.dtype == torch.float64 and mask_index.dtype == torch.int32
     assert torch.equal(y, expected.double()) and torch.equal(mask_index, expected_mask)
+
+
+# -- float16 compute behind float32 inputs and outputs, judged as float16 ---------------------------------
+
+
+def test_a_float16_model_behind_float32_io_is_judged_as_float16(deployed: Callable[[str], Path]) -> None:
+    """Llama through the converter's keep_io_types=True: a float32 case judges it at float16's tolerance, in
+    float16 ULPs, and says so; the same outputs against float32's tolerance would fail (the rounding of
+    float16 arithmetic, not a bug)."""
+    from pytest_ortdiff import Checker
+    from pytest_ortdiff.model_io import compute_dtype
+
+    path = deployed("llama-dynamo-fp16")
+    assert compute_dtype(onnx.load(str(path))) == "float16"
+    feeds = transformer_feeds(path, batch=2, sequence=5)
+    assert feeds["input_ids"].dtype == torch.int64  # (the inputs are float32's model's: ids and a mask)
+    result = Checker("CPU", "float32").check(path, feeds)
+    assert result.judged_dtype == "float16" and result.passed
+    assert result.tolerance == Checker("CPU", "float16").tolerance
+    report = result.report
+    assert report.max_abs > Checker("CPU", "float32").tolerance.atol  # float32's tolerance would have failed it
+    assert report.dtype == "float16" and 0 < (report.max_ulp_floored or 0) <= 16  # float16's ULPs at the outputs' scale
+    assert "CPU float16 (its compute dtype, behind float32 inputs and outputs): passed" in result.render()
+    (row,) = result.rows()
+    assert row.dtype == "float32" and row.passed  # (the case's column of the matrix)
+
+
+def test_the_float16_compute_dtype_is_in_the_failure_report_and_no_other_dtype_warning(deployed: Callable[[str], Path]) -> None:
+    from pytest_ortdiff import Checker
+    from pytest_ortdiff.check import OrtDiffDtypeWarning, ToleranceBroken
+
+    path = deployed("llama-dynamo-fp16")
+    feeds = transformer_feeds(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a float16 case: the model computes in it, nothing to warn about
+        Checker("CPU", "float16").check(path, feeds)
+    with pytest.raises(ToleranceBroken, match=r"torch evaluator vs onnxruntime CPU float16 \(its compute dtype, behind float32 inputs and outputs\): tolerance broken \(atol=0"):
+        Checker("CPU", "float32").check(path, feeds, tolerance=(0.0, 0.0))
+    with pytest.warns(OrtDiffDtypeWarning, match=r"this case is bfloat16"):
+        Checker("CPU", "bfloat16").check(path, feeds)
