@@ -225,8 +225,9 @@ def _genai_dims(model: Any) -> dict[str, int]:
 
 
 def _vocab(m: onnx.ModelProto, name: str) -> int | None:
-    """Rows of the embedding table the token ids `name` index (the table an initializer, or a Transpose of one:
-    a tied embedding; the ids through Casts), else the last dim of a `logits` output; None when neither says."""
+    """Rows of the embedding table the token ids `name` index (the table an initializer, a Transpose of one: a
+    tied embedding, or a DequantizeLinear of one: QDQ; the ids through Casts), else the last dim of a `logits`
+    output; None when neither says."""
     shapes = {i.name: tuple(i.dims) for i in m.graph.initializer}
     names = {name}
     for node in m.graph.node:  # (graph order: what a node reads is made before it)
@@ -240,6 +241,8 @@ def _vocab(m: onnx.ModelProto, name: str) -> int | None:
             shapes[node.output[0]] = tuple(dims[p] for p in perm)
         elif node.op_type == "Cast" and node.input and node.input[0] in names:
             names.add(node.output[0])
+        elif node.op_type in ("DequantizeLinear", "Cast", "Identity") and node.input and node.input[0] in shapes:
+            shapes[node.output[0]] = shapes[node.input[0]]  # (a QDQ model's table: int8, dequantized)
         at = _EMBEDDERS.get(node.op_type)
         if at is None:
             continue
