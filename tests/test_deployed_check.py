@@ -183,3 +183,25 @@ def test_a_genai_int4_decoder_with_past_against_its_fp32_build_names_the_quantiz
         Checker("CPU", "float32").check_deployment(fp32, int4, feeds)
     row = info.value.result.divergence
     assert row is not None and row.b is not None and (row.b.domain, row.b.op_type) == ("com.microsoft", "GatherBlockQuantized")
+
+
+def test_blame_passes_over_dead_code() -> None:
+    """A graph with nodes no output depends on (onnxruntime-genai 0.18's builder with transformers 5 leaves the
+    last MLP so): blame swapped the node feeding them and ran them on values the torch run never computed
+    (a TypeError on None). Now a row per node, the dead ones explaining nothing, the planted node found."""
+    import onnx.helper as oh
+
+    f = onnx.TensorProto.FLOAT
+    nodes = [
+        oh.make_node("Tanh", ["x"], ["t"], name="tanh"),
+        oh.make_node("Relu", ["t"], ["y"], name="relu"),
+        oh.make_node("Sigmoid", ["t"], ["a"], name="dead_sigmoid"),
+        oh.make_node("Neg", ["x"], ["b"], name="dead_neg"),
+        oh.make_node("Mul", ["a", "b"], ["c"], name="dead_mul"),
+    ]
+    graph = oh.make_graph(nodes, "dead", [oh.make_tensor_value_info("x", f, [4, 8])], [oh.make_tensor_value_info("y", f, [4, 8])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+    feeds = {"x": torch.linspace(-2, 2, 32).reshape(4, 8)}
+    table = Checker("CPU", "float32").blame(model, feeds, kernels={"tanh": lambda x: torch.tanh(x) * 1.01})
+    assert len(table.rows) == 5 and table.culprit is not None and table.culprit.node == "tanh"
+    assert all(r.explained == 0 for r in table.rows if r.node.startswith("dead_"))
