@@ -1242,8 +1242,8 @@ def blame(
         def no_op(i: int) -> bool:
             return no_ops[i]
 
-        # dead code (no graph output depends on it: onnxruntime-genai 0.18's builder with transformers 5 leaves
-        # a whole MLP so): the torch run computed none of its values, and swapping it changes nothing
+        # dead code (no graph output depends on it; onnxruntime-genai's builder, taking an MLP's Linear for the LM
+        # head, left a model's last MLP so): the torch run computed none of its values, and swapping it changes nothing
         dead = {i for i, node in enumerate(graph.nodes) if all(not o or o not in torch_all for o in node.output)}
         swapper = _Swapper(graph, torch_all, local, outputs, base.opsets, dead)
 

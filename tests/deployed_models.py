@@ -88,7 +88,9 @@ class Arch:
 
 
 def _text(hidden: int = 32, **extra: Any) -> dict[str, Any]:
-    return dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=4,
+    # intermediate 3 x hidden, never the vocabulary's 128: onnxruntime-genai's builder takes any Linear with
+    # vocab_size outputs for the LM head (an MLP's gate_proj of 128 became it, leaving the rest of the graph dead)
+    return dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=1, num_attention_heads=4,
                 max_position_embeddings=64, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0, **extra)
 
 

@@ -186,8 +186,8 @@ def test_a_genai_int4_decoder_with_past_against_its_fp32_build_names_the_quantiz
 
 
 def test_blame_passes_over_dead_code() -> None:
-    """A graph with nodes no output depends on (onnxruntime-genai 0.18's builder with transformers 5 leaves the
-    last MLP so): blame swapped the node feeding them and ran them on values the torch run never computed
+    """A graph with nodes no output depends on (onnxruntime-genai's builder left a last MLP so, taking its
+    gate_proj, as wide as the vocabulary, for the LM head): blame swapped the node feeding them and ran them on values the torch run never computed
     (a TypeError on None). Now a row per node, the dead ones explaining nothing, the planted node found."""
     import onnx.helper as oh
 
