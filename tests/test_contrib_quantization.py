@@ -218,3 +218,83 @@ def test_int4_output_keeps_its_type() -> None:
     q, _ = TorchEvaluator(model, kernels={("", "QuantizeLinear"): "ort"}).run(None, {"x": torch.tensor([1.0, -1.0, 3.0, 20.0, -20.0, 0.0, 0.5, 1.5])})
     assert q.dtype == INT4
     assert storage(q).tolist() == [2, -2, 6, 7, -8, 0, 1, 3]  # saturated to [-8, 7], ties to even
+
+
+# -- integer products and the QLinear family against numpy ------------------------------------------------
+
+
+def _run_one(op: str, inputs: list[tuple[str, np.ndarray | None]], out_type: int, out_shape: list[int], **attrs: object) -> torch.Tensor:
+    """One com.microsoft node, every input fed (None: omitted), through the evaluator."""
+    names = [n if v is not None else "" for n, v in inputs]
+    node = oh.make_node(op, names, ["y"], domain=MS, **attrs)
+    graph_inputs = [oh.make_tensor_value_info(n, oh.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)) for n, v in inputs if v is not None]
+    model = _model([node], graph_inputs, [oh.make_tensor_value_info("y", out_type, out_shape)], [])
+    return TorchEvaluator(model).run(None, {n: torch.from_numpy(np.asarray(v)) for n, v in inputs if v is not None})[0]
+
+
+def _f(v: float) -> np.ndarray:
+    return np.array(v, np.float32)
+
+
+def test_qlinear_add_mul_without_zero_points() -> None:
+    # onnxruntime refuses these nodes ("Input data type does not match"): zero points default to 0
+    a = np.array([[100, -128, 3, 127]], np.int8)
+    b = np.array([[27, 1, -3, 127]], np.int8)
+    add = _run_one("QLinearAdd", [("A", a), ("As", _f(0.5)), ("Az", None), ("B", b), ("Bs", _f(0.25)), ("Bz", None), ("Cs", _f(1.0)), ("Cz", None)], TensorProto.INT8, [1, 4])
+    # 0.5 a + 0.25 b: 56.75, -63.75, 0.75, 95.25 -> rounded half to even
+    assert add.tolist() == [[57, -64, 1, 95]]
+    mul = _run_one("QLinearMul", [("A", a), ("As", _f(0.1)), ("Az", None), ("B", b), ("Bs", _f(0.1)), ("Bz", None), ("Cs", _f(0.01)), ("Cz", None)], TensorProto.INT8, [1, 4])
+    assert mul.tolist() == [[127, -128, -9, 127]]  # saturated both ways
+
+
+def test_qlinear_reduce_mean_is_the_requantized_mean() -> None:
+    # no onnxruntime CPU kernel to compare with: numpy's mean of the dequantized data, requantized
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, (3, 4, 5)).astype(np.uint8)
+    for axes, keep in (([1], 1), ([0, 2], 0)):
+        shape = [1 if a in axes else d for a, d in enumerate(x.shape)] if keep else [d for a, d in enumerate(x.shape) if a not in axes]
+        y = _run_one("QLinearReduceMean", [("x", x), ("xs", _f(0.04)), ("xz", np.array(3, np.uint8)), ("ys", _f(0.01)), ("yz", np.array(7, np.uint8))],
+                     TensorProto.UINT8, shape, axes=axes, keepdims=keep)
+        mean = (0.04 * (x.astype(np.float64) - 3)).mean(axis=tuple(axes), keepdims=bool(keep))
+        np.testing.assert_array_equal(y.numpy(), np.clip(np.round(mean / 0.01) + 7, 0, 255))
+
+
+def test_qlinear_softmax_is_the_requantized_softmax() -> None:
+    x = np.array([[0, 10, 20, 255], [128, 128, 128, 128]], np.uint8)
+    y = _run_one("QLinearSoftmax", [("x", x), ("xs", _f(0.05)), ("xz", np.array(128, np.uint8)), ("ys", _f(0.003)), ("yz", np.array(0, np.uint8))],
+                 TensorProto.UINT8, [2, 4], opset=13)
+    v = 0.05 * (x.astype(np.float64) - 128)
+    p = np.exp(v - v.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    np.testing.assert_array_equal(y.numpy(), np.clip(np.round(p / 0.003), 0, 255))  # 1.0 / 0.003 = 333.3: saturates at 255
+
+
+def test_matmul_integer_to_float_per_column_parameters() -> None:
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, (3, 6)).astype(np.uint8)
+    b = rng.integers(-128, 128, (6, 5)).astype(np.int8)
+    a_scale, a_zp = rng.uniform(0.01, 0.1, 6).astype(np.float32), rng.integers(0, 256, 6).astype(np.uint8)
+    b_scale, b_zp = rng.uniform(0.01, 0.1, 5).astype(np.float32), rng.integers(-5, 5, 5).astype(np.int8)
+    y = _run_one("MatMulIntegerToFloat", [("a", a), ("b", b), ("as", a_scale), ("bs", b_scale), ("az", a_zp), ("bz", b_zp)], TensorProto.FLOAT, [3, 5])
+    expected = ((a.astype(np.float64) - a_zp) * a_scale) @ ((b.astype(np.float64) - b_zp) * b_scale)
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6)
+
+
+def test_dynamic_quantize_matmul_per_column_b() -> None:
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((4, 8)).astype(np.float32)
+    b = rng.integers(-128, 128, (8, 3)).astype(np.int8)
+    b_scale = np.array([0.01, 0.02, 0.03], np.float32)
+    y = _run_one("DynamicQuantizeMatMul", [("a", a), ("b", b), ("bs", b_scale)], TensorProto.FLOAT, [4, 3])
+    lo, hi = min(a.min(), 0.0), max(a.max(), 0.0)
+    scale = np.float32((hi - lo) / 255)
+    zp = np.round(-lo / scale)
+    qa = np.clip(np.round(a / scale) + zp, 0, 255)
+    expected = ((qa - zp) @ b.astype(np.float64)) * scale * b_scale
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5)
+
+
+def test_qlinear_kernels_refuse_per_channel_parameters_by_name() -> None:
+    x = np.zeros((2, 3), np.uint8)
+    with pytest.raises(RuntimeError, match=r"QLinearSigmoid X_scale of shape \(3,\): the spec's is a scalar"):
+        _run_one("QLinearSigmoid", [("x", x), ("xs", np.ones(3, np.float32)), ("xz", None), ("ys", _f(1.0)), ("yz", None)], TensorProto.UINT8, [2, 3])

@@ -267,9 +267,261 @@ _G_IDX_ZP = (
 )
 
 
+# -- integer matrix products and the QLinear family --------------------------------------------------------
+
+
+def _quantized_case(
+    op: str,
+    inputs: Sequence[tuple[str, Any, bool]],  # (name, array or None for an omitted input, fed: else an initializer)
+    out_type: int,
+    out_shape: Sequence[int],
+    **attrs: Any,
+) -> Callable[[], tuple[Any, dict[str, Any]]]:
+    """A one-node model of `op` (com.microsoft) whose fed inputs are graph inputs and the others initializers."""
+
+    def build() -> tuple[Any, dict[str, Any]]:
+        import onnx.helper as oh
+        import onnx.numpy_helper as nh
+
+        names, graph_inputs, inits, feeds = [], [], [], {}
+        for name, value, fed in inputs:
+            if value is None:
+                names.append("")
+                continue
+            names.append(name)
+            if fed:
+                graph_inputs.append(oh.make_tensor_value_info(name, oh.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+                feeds[name] = _feed(value)
+            else:
+                inits.append(nh.from_array(value, name))
+        node = oh.make_node(op, names, ["y"], domain=MS, **attrs)
+        return _model(node, graph_inputs, [oh.make_tensor_value_info("y", out_type, list(out_shape))], inits), feeds
+
+    return build
+
+
+def _rand_q(rng: Any, shape: Sequence[int], dtype: str) -> Any:
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    return rng.integers(lo, hi, size=tuple(shape)).astype(dtype)
+
+
+def _scalar(value: float, dtype: str = "float32") -> Any:
+    import numpy as np
+
+    return np.array(value, dtype=dtype)
+
+
+def _integer_cases() -> list[ContribCase]:
+    import numpy as np
+    from onnx import TensorProto
+
+    out: list[ContribCase] = []
+    rng = np.random.default_rng(7)
+    f32 = TensorProto.FLOAT
+
+    def add(op: str, name: str, build: Callable[[], tuple[Any, dict[str, Any]]], max_ulp: float | None = None, departs: str = "") -> None:
+        out.append(ContribCase(f"{op}-{name}", f"{MS}::{op}", "float32", build, max_ulp=max_ulp, departs=departs))
+
+    # DynamicQuantizeMatMul: A quantized to uint8 over its range; B int8 or uint8
+    for btype, zp, bias in (("int8", None, True), ("uint8", 131, False), ("int8", 3, True)):
+        a = rng.standard_normal((2, 3, 40)).astype(np.float32)
+        b = _rand_q(rng, (40, 16), btype)
+        ins = [("A", a, True), ("B", b, False), ("b_scale", _scalar(0.013), False),
+               ("b_zero_point", None if zp is None else _scalar(zp, btype), False),
+               ("bias", rng.standard_normal(16).astype(np.float32) if bias else None, False)]
+        add("DynamicQuantizeMatMul", f"{btype}-zp{zp}-bias{int(bias)}", _quantized_case("DynamicQuantizeMatMul", ins, f32, (2, 3, 16)), max_ulp=4.0)
+    # MatMulIntegerToFloat: A uint8 (onnxruntime's CPU kernel), B int8/uint8, scalar scales
+    for btype, bias in (("int8", True), ("uint8", False)):
+        a = _rand_q(rng, (3, 40), "uint8")
+        b = _rand_q(rng, (40, 16), btype)
+        ins = [("A", a, True), ("B", b, False), ("a_scale", _scalar(0.02), False), ("b_scale", _scalar(0.007), False),
+               ("a_zero_point", _scalar(120, "uint8"), False), ("b_zero_point", _scalar(5 if btype == "uint8" else -3, btype), False),
+               ("bias", rng.standard_normal(16).astype(np.float32) if bias else None, False)]
+        add("MatMulIntegerToFloat", f"{btype}-bias{int(bias)}", _quantized_case("MatMulIntegerToFloat", ins, f32, (3, 16)), max_ulp=4.0)
+    # QGemm: float output and requantized output; per-column B; transA/transB; alpha; C
+    for name, atype, trans_a, trans_b, per_col, c, y_out in (
+        ("u8-float-out", "uint8", 0, 0, False, True, None),
+        ("u8-transB-per-column-u8-out", "uint8", 0, 1, True, True, "uint8"),
+        ("s8-transA-s8-out-alpha", "int8", 1, 0, False, False, "int8"),
+    ):
+        a = _rand_q(rng, (24, 5) if trans_a else (5, 24), atype)
+        btype = "int8" if atype == "int8" else "uint8"
+        b = _rand_q(rng, (12, 24) if trans_b else (24, 12), btype)
+        b_scale = rng.uniform(0.001, 0.01, 12).astype(np.float32) if per_col else _scalar(0.004)
+        b_zp = rng.integers(100, 150, 12).astype(btype) if per_col else _scalar(0, btype)
+        ins = [("A", a, True), ("a_scale", _scalar(0.03), False), ("a_zero_point", _scalar(7 if atype == "int8" else 128, atype), False),
+               ("B", b, False), ("b_scale", b_scale, False), ("b_zero_point", b_zp, False),
+               ("C", rng.integers(-3000, 3000, (12,)).astype(np.int32) if c else None, False),
+               ("y_scale", None if y_out is None else _scalar(0.05), False), ("y_zero_point", None if y_out is None else _scalar(10, y_out), False)]
+        attrs = {"transA": trans_a, "transB": trans_b, **({"alpha": 0.75} if "alpha" in name else {})}
+        elem = f32 if y_out is None else (TensorProto.UINT8 if y_out == "uint8" else TensorProto.INT8)
+        add("QGemm", name, _quantized_case("QGemm", ins, elem, (5, 12), **attrs), max_ulp=4.0 if y_out is None else None)
+
+    def unary(op: str, name: str, qtype: str, xs: float, xzp: int | None, ys: float, yzp: int | None, **attrs: Any) -> None:
+        x = np.arange(256).astype(np.uint8).view(qtype).reshape(4, 64)  # every quantized value
+        ins = [("X", x, True), ("X_scale", _scalar(xs), False), ("X_zero_point", None if xzp is None else _scalar(xzp, qtype), False),
+               ("Y_scale", _scalar(ys), False), ("Y_zero_point", None if yzp is None else _scalar(yzp, qtype), False)]
+        add(op, name, _quantized_case(op, ins, _QTYPES[qtype], (4, 64), **attrs))
+
+    unary("QLinearSigmoid", "uint8", "uint8", 0.05, 128, 1 / 256, 0)
+    unary("QLinearSigmoid", "int8-no-zp", "int8", 0.031, None, 0.0041, None)
+    unary("QLinearLeakyRelu", "uint8", "uint8", 0.1, 100, 0.07, 30, alpha=0.2)
+    unary("QLinearLeakyRelu", "int8-default-alpha", "int8", 0.02, -5, 0.01, 3)
+
+    def binary(op: str, name: str, qtype: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], scales: tuple[float, float, float], zps: tuple[int | None, int | None, int | None]) -> None:
+        a, b = _rand_q(rng, a_shape, qtype), _rand_q(rng, b_shape, qtype)
+        ins = [("A", a, True), ("A_scale", _scalar(scales[0]), False), ("A_zero_point", None if zps[0] is None else _scalar(zps[0], qtype), False),
+               ("B", b, True), ("B_scale", _scalar(scales[1]), False), ("B_zero_point", None if zps[1] is None else _scalar(zps[1], qtype), False),
+               ("C_scale", _scalar(scales[2]), False), ("C_zero_point", None if zps[2] is None else _scalar(zps[2], qtype), False)]
+        add(op, name, _quantized_case(op, ins, _QTYPES[qtype], np.broadcast_shapes(a_shape, b_shape)))
+
+    for op in ("QLinearAdd", "QLinearMul"):
+        binary(op, "uint8", "uint8", (3, 70), (3, 70), (0.05, 0.031, 0.09), (128, 100, 120))
+        binary(op, "int8-broadcast-row", "int8", (3, 4, 70), (70,), (0.021, 0.5, 0.11), (-3, 4, -10))
+        binary(op, "uint8-scalar-b", "uint8", (5, 33), (), (0.02, 0.013, 0.05), (0, 255, 17))
+        binary(op, "uint8-saturating", "uint8", (2, 50), (2, 50), (0.5, 0.5, 0.01), (0, 0, 128))
+        binary(op, "int8-ties-to-even", "int8", (4, 40), (4, 40), (0.5, 0.25, 1.0), (1, 0, 0))  # x.5 results
+
+    # QLinearSoftmax: 1/y_scale an integer (256: onnxruntime's floor(1/y_scale) is exact)
+    for name, qtype, shape, axis, opset, xzp, yzp in (
+        ("uint8-last-axis-opset13", "uint8", (3, 4, 20), -1, 13, 128, 0),
+        ("uint8-axis1-opset13", "uint8", (3, 20, 4), 1, 13, 120, 0),
+        ("int8-opset12-coerced", "int8", (2, 3, 8), 1, 12, 0, -128),
+    ):
+        x = _rand_q(rng, shape, qtype)
+        ins = [("X", x, True), ("X_scale", _scalar(0.07), False), ("x_zero_point", _scalar(xzp, qtype), False),
+               ("y_scale", _scalar(1 / 256), False), ("y_zero_point", _scalar(yzp, qtype), False)]
+        add("QLinearSoftmax", name, _quantized_case("QLinearSoftmax", ins, _QTYPES[qtype], shape, axis=axis, opset=opset))
+    x = _rand_q(rng, (4, 30), "uint8")
+    ins = [("X", x, True), ("X_scale", _scalar(0.05), False), ("x_zero_point", _scalar(128, "uint8"), False),
+           ("y_scale", _scalar(0.003), False), ("y_zero_point", _scalar(0, "uint8"), False)]
+    add("QLinearSoftmax", "uint8-y_scale-0.003", _quantized_case("QLinearSoftmax", ins, TensorProto.UINT8, (4, 30), opset=13), departs=_SOFTMAX_FLOOR)
+
+    for qtype in ("uint8", "int8"):
+        parts = [(_rand_q(rng, (2, n, 3), qtype), s, z) for n, s, z in ((4, 0.02, 3), (5, 0.05, -7 if qtype == "int8" else 140), (2, 0.03, 10))]
+        ins = [("Y_scale", _scalar(0.04), False), ("Y_zero_point", _scalar(5, qtype), False)]
+        for i, (x, s, z) in enumerate(parts):
+            ins += [(f"X{i}", x, True), (f"X{i}_scale", _scalar(s), False), (f"X{i}_zero_point", _scalar(z, qtype), False)]
+        add("QLinearConcat", f"{qtype}-axis1", _quantized_case("QLinearConcat", ins, _QTYPES[qtype], (2, 11, 3), axis=1))
+        cond = rng.random((3, 1, 16)) > 0.5
+        x, y = _rand_q(rng, (4, 16), qtype), _rand_q(rng, (3, 4, 1), qtype)
+        ins = [("condition", cond, True), ("X", x, True), ("x_scale", _scalar(0.03), False), ("x_zero_point", _scalar(2, qtype), False),
+               ("Y", y, True), ("y_scale", _scalar(0.08), False), ("y_zero_point", _scalar(-1 if qtype == "int8" else 200, qtype), False),
+               ("z_scale", _scalar(0.05), False), ("z_zero_point", _scalar(4, qtype), False)]
+        add("QLinearWhere", f"{qtype}-broadcast", _quantized_case("QLinearWhere", ins, _QTYPES[qtype], (3, 4, 16)))
+
+    pools: list[tuple[str, str, tuple[int, ...], dict[str, Any]]] = [
+        ("uint8-3x3-pads", "uint8", (2, 3, 9, 9), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+        ("int8-count-include-pad", "int8", (1, 4, 8, 8), {"kernel_shape": [2, 3], "pads": [0, 1, 1, 0], "count_include_pad": 1}),
+        ("uint8-nhwc-ceil", "uint8", (1, 7, 7, 5), {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1, "channels_last": 1}),
+    ]
+    for pool, ptype, pshape, pattrs in pools:
+        x = _rand_q(rng, pshape, ptype)
+        ins = [("X", x, True), ("x_scale", _scalar(0.04), False), ("x_zero_point", _scalar(10, ptype), False),
+               ("y_scale", _scalar(0.03), False), ("y_zero_point", _scalar(-4 if ptype == "int8" else 20, ptype), False)]
+        add("QLinearAveragePool", pool, _quantized_case("QLinearAveragePool", ins, _QTYPES[ptype], _pooled(pshape, pattrs), **pattrs))
+    for pool, ptype, pshape, cl in (("uint8-nchw", "uint8", (2, 5, 6, 7), 0), ("int8-nhwc", "int8", (2, 6, 7, 5), 1)):
+        x = _rand_q(rng, pshape, ptype)
+        ins = [("X", x, True), ("x_scale", _scalar(0.04), False), ("x_zero_point", _scalar(3, ptype), False),
+               ("y_scale", _scalar(0.01), False), ("y_zero_point", _scalar(-2 if ptype == "int8" else 100, ptype), False)]
+        out_shape = (pshape[0], 1, 1, pshape[3]) if cl else (*pshape[:2], 1, 1)
+        add("QLinearGlobalAveragePool", pool, _quantized_case("QLinearGlobalAveragePool", ins, _QTYPES[ptype], out_shape, channels_last=cl))
+    # (QLinearReduceMean: onnxruntime 1.32 has no CPU kernel for it; tests/test_contrib_quantization.py checks ours)
+    out += _ms_quantize_cases(rng)
+    return out
+
+
+def _ms_quantize_cases(rng: Any) -> list[ContribCase]:
+    """com.microsoft QuantizeLinear / DequantizeLinear: per tensor and per axis, 8/16/4-bit. A 4-bit result
+    leaves the model through a Cast to int8 (onnxruntime's Python API has no numpy type for it)."""
+    import ml_dtypes
+    import numpy as np
+    import onnx.helper as oh
+    import onnx.numpy_helper as nh
+    from onnx import TensorProto
+
+    out: list[ContribCase] = []
+
+    def quantize_case(name: str, dtype: str, zp: Any, axis: int | None, shape: tuple[int, ...] = (3, 4, 5)) -> None:
+        def build() -> tuple[Any, dict[str, Any]]:
+            t = _np_dtype(dtype)
+            x = (rng.standard_normal(shape) * 3).astype(t)
+            n = shape[axis] if axis is not None else 1
+            scale = rng.uniform(0.01, 0.05, n).astype(t) if axis is not None else np.array(0.02, t)
+            zero = np.asarray(zp if axis is None else np.resize(np.asarray(zp), n)).astype(np.asarray(zp).dtype)
+            attrs: dict[str, Any] = {} if axis is None else {"axis": axis}
+            elem = oh.np_dtype_to_tensor_dtype(zero.dtype)
+            nodes = [oh.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], domain=MS, **attrs)]
+            result = "q"
+            if elem in (TensorProto.INT4, TensorProto.UINT4):
+                nodes.append(oh.make_node("Cast", ["q"], ["q8"], to=TensorProto.INT8))
+                result, elem = "q8", TensorProto.INT8
+            graph = oh.make_graph(nodes, "case_QuantizeLinear", [oh.make_tensor_value_info("x", _onnx_type(dtype), list(shape))],
+                                  [oh.make_tensor_value_info(result, elem, list(shape))], [nh.from_array(scale, "s"), nh.from_array(zero, "zp")])
+            return oh.make_model(graph, opset_imports=[oh.make_opsetid(d, v) for d, v in _OPSETS], ir_version=10), {"x": _feed(x)}
+
+        out.append(ContribCase(f"QuantizeLinear-{name}-{dtype}", f"{MS}::QuantizeLinear", dtype, build))
+
+    quantize_case("uint8-per-tensor", "float32", np.uint8(128), None)
+    quantize_case("int8-per-axis", "float32", np.int8(-3), 1)
+    quantize_case("int16-per-axis", "float32", np.int16(100), 2)
+    quantize_case("uint16", "float32", np.uint16(30000), None)
+    quantize_case("int4-per-axis", "float32", np.array(1, ml_dtypes.int4), 0)
+    quantize_case("uint4", "float32", np.array(8, ml_dtypes.uint4), None)
+    quantize_case("uint8-per-tensor", "float16", np.uint8(128), None)
+    quantize_case("int8-per-axis", "float16", np.int8(2), 1)
+
+    def dequantize_case(name: str, dtype: str, q: Any, zp: Any, axis: int | None) -> None:
+        def build() -> tuple[Any, dict[str, Any]]:
+            t = _np_dtype(dtype)
+            n = q.shape[axis] if axis is not None else 1
+            scale = rng.uniform(0.01, 0.05, n).astype(t) if axis is not None else np.array(0.02, t)
+            zero = np.asarray(zp if axis is None else np.resize(np.asarray(zp), n)).astype(np.asarray(zp).dtype)
+            attrs: dict[str, Any] = {} if axis is None else {"axis": axis}
+            node = oh.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], domain=MS, **attrs)
+            sub_byte = q.dtype.name in ("int4", "uint4")
+            inputs = [] if sub_byte else [oh.make_tensor_value_info("q", oh.np_dtype_to_tensor_dtype(q.dtype), list(q.shape))]
+            inits = [nh.from_array(scale, "s"), nh.from_array(zero, "zp")] + ([nh.from_array(q, "q")] if sub_byte else [])
+            graph = oh.make_graph([node], "case_DequantizeLinear", inputs, [oh.make_tensor_value_info("y", _onnx_type(dtype), list(q.shape))], inits)
+            return oh.make_model(graph, opset_imports=[oh.make_opsetid(d, v) for d, v in _OPSETS], ir_version=10), ({} if sub_byte else {"q": _feed(q)})
+
+        out.append(ContribCase(f"DequantizeLinear-{name}-{dtype}", f"{MS}::DequantizeLinear", dtype, build))
+
+    dequantize_case("uint8-per-tensor", "float32", _rand_q(rng, (3, 8), "uint8"), np.uint8(120), None)
+    dequantize_case("int8-per-axis", "float32", _rand_q(rng, (3, 8), "int8"), np.int8(-5), 1)
+    dequantize_case("int16", "float32", rng.integers(-30000, 30000, (3, 8)).astype(np.int16), np.int16(-7), None)
+    dequantize_case("int32", "float32", rng.integers(-(2**20), 2**20, (3, 8)).astype(np.int32), np.int32(11), None)
+    dequantize_case("int4-per-axis", "float32", rng.integers(-8, 8, (3, 8)).astype(ml_dtypes.int4), np.array(-1, ml_dtypes.int4), 0)
+    dequantize_case("uint8-per-axis", "float16", _rand_q(rng, (3, 8), "uint8"), np.uint8(131), 0)
+    return out
+
+
+def _pooled(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
+    import math
+
+    channels_last = attrs.get("channels_last", 0)
+    spatial = shape[1:3] if channels_last else shape[2:]
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    out = []
+    for i, (d, k, s) in enumerate(zip(spatial, attrs["kernel_shape"], attrs.get("strides", [1, 1]), strict=True)):
+        span = (d + pads[i] + pads[i + 2] - k) / s + 1
+        out.append(math.ceil(span) if attrs.get("ceil_mode") else math.floor(span))
+    return (shape[0], *out, shape[3]) if channels_last else (*shape[:2], *out)
+
+
+_QTYPES = {"uint8": 2, "int8": 3}  # onnx TensorProto.UINT8, INT8
+
+#: onnxruntime's QLinearSoftmax when 1 / y_scale is not an integer
+_SOFTMAX_FLOOR = (
+    "QLinearSoftmax with 1/y_scale not an integer: onnxruntime multiplies by floor(1/y_scale) instead of "
+    "dividing by y_scale (333 for 333.3: results up to 0.1 % low)"
+)
+
+
 @functools.cache
 def _cases() -> tuple[ContribCase, ...]:
-    return tuple(_nbits_cases() + _gather_cases())
+    return tuple(_nbits_cases() + _gather_cases() + _integer_cases())
 
 
 CASES: list[ContribCase] = list(_cases())
+

@@ -6,16 +6,35 @@ op means: the dequantized operands in float32 (float64 in the oracle), rounded o
 
 from __future__ import annotations
 
+import math
+
 import onnx
 import torch
 
 from ..base import Departure, Kernel, KernelContext, UnsupportedVariantError, kernel
-from ..quantization import FLOAT8_TYPES, INT4, UINT4, storage
+from ..quantization import FLOAT8_TYPES, INT4, UINT4, dynamic_quantize_uint8, quantize, storage
+from ..quantization import DequantizeLinear as DequantizeLinearOnnx
+from ..quantization import QuantizeLinear as QuantizeLinearOnnx
 
 __all__ = [
+    "DequantizeLinearMS",
+    "DynamicQuantizeMatMul",
     "GatherBlockQuantized",
+    "MatMulIntegerToFloat",
     "MatMulNBits",
     "MatMulNBitsAsOnnxruntime",
+    "QGemm",
+    "QLinearAdd",
+    "QLinearAveragePool",
+    "QLinearConcat",
+    "QLinearGlobalAveragePool",
+    "QLinearLeakyRelu",
+    "QLinearMul",
+    "QLinearReduceMean",
+    "QLinearSigmoid",
+    "QLinearSoftmax",
+    "QLinearWhere",
+    "QuantizeLinearMS",
     "unpack_bits",
 ]
 
@@ -291,3 +310,411 @@ def _blocks(p: torch.Tensor, axis: int, block: int, length: int) -> torch.Tensor
     if p.shape[axis] == 1 and length > 1 and block >= length:
         return p
     return p.repeat_interleave(block, dim=axis).narrow(axis, 0, length)
+
+
+# -- integer matrix products with float outputs -----------------------------------------------------------
+#
+# onnxruntime's quantized kernels compute in float32 whatever the model's other tensors are, and round to
+# integers from there: these kernels do the same in the float64 oracle too (its scales, promoted from
+# float32, are cast back exactly), so that an integer output is the same integer in both.
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float32)
+
+
+def _centered(x: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:
+    """x - zero_point exactly, in float64 (8-bit operands: every partial sum of their products is an exact
+    integer there, and float64 matmul runs on every device)."""
+    xd = storage(x).to(torch.float64)
+    return xd if zero_point is None else xd - storage(zero_point).to(torch.float64)
+
+
+def _per_column(p: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
+    """A scalar or per-column (N) parameter of B, as a row that broadcasts over the output's rows."""
+    if p is None or p.numel() == 1:
+        return None if p is None else p.reshape(())
+    if p.numel() != n:
+        raise ValueError(f"{what} has {p.numel()} elements: a scalar or one per column of B ({n})")
+    return p.reshape(n)
+
+
+def _integer_product_to_float(
+    a: torch.Tensor, a_scale: torch.Tensor, a_zero_point: torch.Tensor | None,
+    b: torch.Tensor, b_scale: torch.Tensor, b_zero_point: torch.Tensor | None,
+    bias: torch.Tensor | None, what: str,
+) -> torch.Tensor:
+    """float32 (A - a_zp) @ (B - b_zp) * (a_scale * b_scale) + bias: the integer product exact, scaled and
+    biased in float32 as onnxruntime does; B's scale and zero point per tensor or per column."""
+    n = b.shape[-1]
+    bzp = _per_column(b_zero_point, n, f"{what} b_zero_point")
+    acc = torch.matmul(_centered(a, a_zero_point), _centered(b, bzp))
+    bs = _per_column(_f32(b_scale), n, f"{what} b_scale")
+    assert bs is not None
+    y = acc.to(torch.float32) * (_f32(a_scale).reshape(()) * bs)
+    if bias is not None:
+        y = y + _f32(bias)
+    return y
+
+
+@kernel("DynamicQuantizeMatMul", since=1, domain=MS)
+class DynamicQuantizeMatMul(Kernel):
+    """A quantized to uint8 as DynamicQuantizeLinear does (scale (max(0, max A) - min(0, min A)) / 255 over
+    the whole of A, zero point rounded half to even), times the quantized B, scaled by a_scale * b_scale
+    (B's per tensor or per column) in float32, plus the bias."""
+
+    def run(
+        self, a: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+        b_zero_point: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        qa, a_scale, a_zp = dynamic_quantize_uint8(_f32(a))
+        y = _integer_product_to_float(qa, a_scale, a_zp, b, b_scale, b_zero_point, bias, "DynamicQuantizeMatMul")
+        return (y.to(a.dtype),)
+
+
+@kernel("MatMulIntegerToFloat", since=1, domain=MS)
+class MatMulIntegerToFloat(Kernel):
+    """(A - a_zero_point) @ (B - b_zero_point) * (a_scale * b_scale) + bias in the scales' float type: the
+    integer product exact, scaled in float32. B's scale and zero point per tensor or per column; A's
+    per tensor (per column of A, the spec's other layout, scales inside the sum: computed as the
+    dequantized product)."""
+
+    def run(
+        self, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+        a_zero_point: torch.Tensor | None = None, b_zero_point: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        if a_scale.numel() == 1 and (a_zero_point is None or a_zero_point.numel() == 1):
+            y = _integer_product_to_float(a, a_scale, a_zero_point, b, b_scale, b_zero_point, bias, "MatMulIntegerToFloat")
+        else:  # per-column A parameters: A dequantized first (its scale varies along the sum)
+            k = a.shape[-1]
+            for p, name in ((a_scale, "a_scale"), (a_zero_point, "a_zero_point")):
+                if p is not None and p.numel() not in (1, k):
+                    raise ValueError(f"MatMulIntegerToFloat {name} has {p.numel()} elements: a scalar or one per column of A ({k})")
+            da = _centered(a, None if a_zero_point is None else a_zero_point.reshape(-1)) * a_scale.to(torch.float64).reshape(-1)
+            n = b.shape[-1]
+            bzp = _per_column(b_zero_point, n, "MatMulIntegerToFloat b_zero_point")
+            bs = _per_column(b_scale.to(torch.float64), n, "MatMulIntegerToFloat b_scale")
+            assert bs is not None
+            y = torch.matmul(da, _centered(b, bzp) * bs)
+            if bias is not None:
+                y = y + bias.to(torch.float64)
+        return (y.to(b_scale.dtype),)
+
+
+@kernel("QGemm", since=1, domain=MS)
+class QGemm(Kernel):
+    """Y = alpha * (A' - a_zp) @ (B' - b_zp) * a_scale * b_scale + C * a_scale * b_scale (A', B' transposed
+    per transA/transB; C int32 at scale a_scale * b_scale), in float32, or requantized with y_scale and
+    y_zero_point (round half to even, saturating): the integer product exact, the output scale
+    alpha * a_scale * b_scale / y_scale computed in float32 as onnxruntime does. B's scale and zero point
+    per tensor or per column."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.trans_a = int(self.attr("transA", 0))
+        self.trans_b = int(self.attr("transB", 0))
+        self.alpha = float(self.attr("alpha", 1.0))
+
+    def run(
+        self, a: torch.Tensor, a_scale: torch.Tensor, a_zero_point: torch.Tensor,
+        b: torch.Tensor, b_scale: torch.Tensor, b_zero_point: torch.Tensor,
+        c: torch.Tensor | None = None, y_scale: torch.Tensor | None = None, y_zero_point: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        if a.dim() != 2 or b.dim() != 2:
+            raise ValueError(f"QGemm multiplies matrices: A {tuple(a.shape)}, B {tuple(b.shape)}")
+        a2 = a.t() if self.trans_a else a
+        b2 = b.t() if self.trans_b else b
+        n = b2.shape[1]
+        acc = torch.matmul(_centered(a2, a_zero_point.reshape(())), _centered(b2, _per_column(b_zero_point, n, "QGemm b_zero_point")))
+        if c is not None:
+            acc = acc + c.to(torch.float64)
+        bs = _per_column(_f32(b_scale), n, "QGemm b_scale")
+        assert bs is not None
+        scale = torch.tensor(self.alpha, dtype=torch.float32, device=a.device) * _f32(a_scale).reshape(()) * bs
+        if y_scale is None:
+            return ((acc.to(torch.float32) * scale).to(b_scale.dtype),)
+        if y_zero_point is None:
+            raise ValueError("QGemm: y_scale without y_zero_point; give both (a quantized output) or neither (float32)")
+        scale = scale / _f32(y_scale).reshape(())
+        return (_requantize(acc.to(torch.float32) * scale, y_zero_point),)
+
+
+def _requantize(value: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:
+    """round_half_even(value) + zero_point, saturated to the zero point's type (MLAS's requantization:
+    the float32 value already scaled)."""
+    lo, hi = _RANGE[zero_point.dtype]
+    q = torch.round(value).to(torch.int64) + storage(zero_point).to(torch.int64).reshape(())
+    return q.clamp_(lo, hi).to(zero_point.dtype)
+
+
+_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
+
+
+# -- the QLinear family: int8/uint8 in, int8/uint8 out -----------------------------------------------------
+
+
+def _dequantized(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:
+    """scale * (x - zero_point) in float32, one rounding (onnxruntime's lookup tables and pools)."""
+    xi = storage(x).to(torch.int32)
+    if zero_point is not None:
+        xi = xi - storage(zero_point).to(torch.int32).reshape(())
+    return xi.to(torch.float32) * _f32(scale).reshape(())
+
+
+def _quantized(y: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """MLAS's QuantizeLinear: round_half_even(y / scale) + zero_point, saturated, in float32."""
+    return quantize(_f32(y), _f32(scale).reshape(()), None if zero_point is None else zero_point.reshape(()), dtype=dtype, precision=torch.float32)
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 a * b + c rounded once (an FMA), through float64: a float32 product is exact there."""
+    return (a.to(torch.float64) * b.to(torch.float64) + c.to(torch.float64)).to(torch.float32)
+
+
+def _check_scalar(what: str, **params: torch.Tensor | None) -> None:
+    for name, p in params.items():
+        if p is not None and p.numel() != 1:
+            raise UnsupportedVariantError(f"{what} {name} of shape {tuple(p.shape)}: the spec's is a scalar (per tensor)")
+
+
+class _QLinearElementwise(Kernel):
+    """X, X_scale, X_zero_point?, Y_scale, Y_zero_point? -> quantize(f(dequantize(X))), per tensor: f in
+    float32, the result of X's type."""
+
+    def f(self, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def run(
+        self, x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor | None = None,
+        y_scale: torch.Tensor | None = None, y_zero_point: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        if y_scale is None:
+            raise ValueError(f"{self.op_type} needs Y_scale (input 3)")
+        _check_scalar(self.op_type, X_scale=x_scale, X_zero_point=x_zero_point, Y_scale=y_scale, Y_zero_point=y_zero_point)
+        return (_quantized(self.f(_dequantized(x, x_scale, x_zero_point)), y_scale, y_zero_point, x.dtype),)
+
+
+@kernel("QLinearSigmoid", since=1, domain=MS)
+class QLinearSigmoid(_QLinearElementwise):
+    """quantize(sigmoid(dequantize(X))), per tensor."""
+
+    def f(self, v: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(v)
+
+
+@kernel("QLinearLeakyRelu", since=1, domain=MS)
+class QLinearLeakyRelu(_QLinearElementwise):
+    """quantize(v if v >= 0 else alpha * v), v = dequantize(X), alpha default 0.01, per tensor."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.alpha = float(self.attr("alpha", 0.01))
+
+    def f(self, v: torch.Tensor) -> torch.Tensor:
+        return torch.where(v >= 0, v, v * torch.tensor(self.alpha, dtype=torch.float32, device=v.device))
+
+
+def _zero_point32(zero_point: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """A scalar zero point as float32 (0 when omitted)."""
+    if zero_point is None:
+        return torch.zeros((), dtype=torch.float32, device=like.device)
+    return storage(zero_point).to(torch.float32).reshape(())
+
+
+class _QLinearBinary(Kernel):
+    """A, A_scale, A_zero_point?, B, B_scale, B_zero_point?, C_scale, C_zero_point? -> C of A's type,
+    broadcasting, every scale and zero point per tensor: `value` gives the float32 value C rounds from."""
+
+    def value(self, a: torch.Tensor, b: torch.Tensor, scales: tuple[torch.Tensor, ...], zero_points: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def run(
+        self, a: torch.Tensor, a_scale: torch.Tensor, a_zero_point: torch.Tensor | None,
+        b: torch.Tensor, b_scale: torch.Tensor, b_zero_point: torch.Tensor | None,
+        c_scale: torch.Tensor, c_zero_point: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        _check_scalar(self.op_type, A_scale=a_scale, A_zero_point=a_zero_point, B_scale=b_scale, B_zero_point=b_zero_point, C_scale=c_scale, C_zero_point=c_zero_point)
+        scales = tuple(_f32(s).reshape(()) for s in (a_scale, b_scale, c_scale))
+        zero_points = tuple(_zero_point32(z, a) for z in (a_zero_point, b_zero_point, c_zero_point))
+        value = self.value(storage(a).to(torch.float32), storage(b).to(torch.float32), scales, zero_points)
+        return (_saturated(torch.round(value), a.dtype),)
+
+
+@kernel("QLinearAdd", since=1, domain=MS)
+class QLinearAdd(_QLinearBinary):
+    """C = saturate(round((A_scale (A - A_zp) + B_scale (B - B_zp)) / C_scale) + C_zp), broadcasting: in
+    float32 as MLAS orders it, A_scale / C_scale and B_scale / C_scale first, C's zero point folded in
+    before the rounding."""
+
+    def value(self, a: torch.Tensor, b: torch.Tensor, scales: tuple[torch.Tensor, ...], zero_points: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        (sa, sb, sc), (zp_a, zp_b, zp_c) = scales, zero_points
+        r_a, r_b = sa / sc, sb / sc
+        fixed = zp_c - (r_a * zp_a + r_b * zp_b)
+        return _fma32(a, r_a, _fma32(b, r_b, fixed))
+
+
+@kernel("QLinearMul", since=1, domain=MS)
+class QLinearMul(_QLinearBinary):
+    """C = saturate(round((A - A_zp) (B - B_zp) * (A_scale * B_scale / C_scale) + C_zp)), broadcasting: the
+    integer product exact, scaled in float32 as MLAS does."""
+
+    def value(self, a: torch.Tensor, b: torch.Tensor, scales: tuple[torch.Tensor, ...], zero_points: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        (sa, sb, sc), (zp_a, zp_b, zp_c) = scales, zero_points
+        return ((a - zp_a) * (b - zp_b)) * (sa * sb / sc) + zp_c  # (the product of two 8-bit differences is exact in float32)
+
+
+def _required(k: Kernel, name: str, what: str) -> int:
+    value = k.attr(name)
+    if value is None:
+        raise ValueError(f"{k.op_type} needs the `{name}` attribute ({what})")
+    return int(value)
+
+
+def _saturated(rounded: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    lo, hi = _RANGE[dtype]
+    return rounded.clamp(lo, hi).to(dtype)
+
+
+@kernel("QLinearSoftmax", since=1, domain=MS)
+class QLinearSoftmax(_QLinearElementwise):
+    """quantize(Softmax(dequantize(X))) along `axis` (Softmax-13's single axis when `opset` >= 13, default
+    -1; before, the input coerced to 2-D at `axis`, default 1), in float32.
+
+    onnxruntime's CPU kernel departs from this: it multiplies by floor(1 / y_scale) rather than dividing by
+    y_scale (equal when 1 / y_scale is an integer, as 1/256 is), and wraps an int8 result above 127 (a
+    probability of 1 with zero point -128) instead of saturating."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.opset = _required(self, "opset", "the Softmax version it follows")
+        self.axis = int(self.attr("axis", -1 if self.opset >= 13 else 1))
+
+    def f(self, v: torch.Tensor) -> torch.Tensor:
+        axis = self.axis % v.dim() if v.dim() else 0
+        if self.opset >= 13:
+            return torch.softmax(v, dim=axis)
+        return torch.softmax(v.reshape(*v.shape[:axis], -1), dim=-1).reshape(v.shape)
+
+
+@kernel("QLinearConcat", since=1, domain=MS)
+class QLinearConcat(Kernel):
+    """Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) per input: each input requantized to Y's scale
+    and zero point (round half to even, saturating, float32), concatenated along `axis`."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axis = _required(self, "axis", "the axis to concatenate on")
+
+    def run(self, y_scale: torch.Tensor, y_zero_point: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not inputs or len(inputs) % 3:
+            raise ValueError(f"QLinearConcat takes (tensor, scale, zero point) triples after Y's scale and zero point; got {len(inputs)} inputs there")
+        parts = []
+        for x, scale, zp in zip(inputs[0::3], inputs[1::3], inputs[2::3], strict=True):
+            _check_scalar("QLinearConcat", X_scale=scale, X_zero_point=zp)
+            parts.append(_quantized(_dequantized(x, scale, zp), y_scale, y_zero_point, y_zero_point.dtype))
+        return (torch.cat(parts, dim=self.axis),)
+
+
+@kernel("QLinearWhere", since=1, domain=MS)
+class QLinearWhere(Kernel):
+    """where(condition, X, Y), X and Y requantized to Z's scale and zero point (round half to even,
+    saturating, float32), broadcasting."""
+
+    def run(
+        self, condition: torch.Tensor, x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor,
+        y: torch.Tensor, y_scale: torch.Tensor, y_zero_point: torch.Tensor, z_scale: torch.Tensor, z_zero_point: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        _check_scalar("QLinearWhere", x_scale=x_scale, x_zero_point=x_zero_point, y_scale=y_scale, y_zero_point=y_zero_point, z_scale=z_scale, z_zero_point=z_zero_point)
+        qx = _quantized(_dequantized(x, x_scale, x_zero_point), z_scale, z_zero_point, z_zero_point.dtype)
+        qy = _quantized(_dequantized(y, y_scale, y_zero_point), z_scale, z_zero_point, z_zero_point.dtype)
+        return (torch.where(condition.to(torch.bool), qx, qy),)
+
+
+def _nchw(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    return x.movedim(-1, 1) if channels_last else x
+
+
+def _pool_quantized(y: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """onnxruntime's quantized pools: round_half_even(y / scale + zero_point), saturated, in float32."""
+    zp = torch.zeros((), dtype=torch.float32, device=y.device) if zero_point is None else storage(zero_point).to(torch.float32).reshape(())
+    return _saturated(torch.round(y / _f32(scale).reshape(()) + zp), dtype)
+
+
+@kernel("QLinearAveragePool", since=1, domain=MS)
+class QLinearAveragePool(Kernel):
+    """quantize(AveragePool(dequantize(X))): AveragePool's attributes (kernel_shape, strides, pads or
+    auto_pad, ceil_mode, count_include_pad), NCHW or (channels_last) NHWC, in float32."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        from ..nn.pool import AveragePool
+
+        self.channels_last = bool(self.attr("channels_last", 0))
+        # the pool of ONNX's AveragePool, on the dequantized input (its attributes are the same)
+        self.pool = AveragePool(node, ctx)
+
+    def run(
+        self, x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor | None,
+        y_scale: torch.Tensor, y_zero_point: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        _check_scalar("QLinearAveragePool", x_scale=x_scale, x_zero_point=x_zero_point, y_scale=y_scale, y_zero_point=y_zero_point)
+        (avg,) = self.pool.run(_nchw(_dequantized(x, x_scale, x_zero_point), self.channels_last))
+        y = _pool_quantized(avg, y_scale, y_zero_point, x.dtype)
+        return (y.movedim(1, -1) if self.channels_last else y,)
+
+
+@kernel("QLinearGlobalAveragePool", since=1, domain=MS)
+class QLinearGlobalAveragePool(Kernel):
+    """The mean over the spatial axes of each channel (NCHW, or NHWC with channels_last), requantized: the
+    integer sum exact, minus the zero point's, times x_scale / (y_scale * size) in float32, rounded half to
+    even, plus y's zero point, saturated (MLAS's arithmetic)."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.channels_last = bool(self.attr("channels_last", 0))
+
+    def run(
+        self, x: torch.Tensor, x_scale: torch.Tensor, x_zero_point: torch.Tensor,
+        y_scale: torch.Tensor, y_zero_point: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        _check_scalar("QLinearGlobalAveragePool", x_scale=x_scale, x_zero_point=x_zero_point, y_scale=y_scale, y_zero_point=y_zero_point)
+        xc = _nchw(storage(x), self.channels_last)
+        spatial = tuple(range(2, xc.dim()))
+        size = math.prod(xc.shape[2:])
+        acc = xc.to(torch.float64).sum(dim=spatial, keepdim=True) - float(storage(x_zero_point).item()) * size
+        scale = _f32(x_scale).reshape(()) / (_f32(y_scale).reshape(()) * torch.tensor(float(size), dtype=torch.float32, device=x.device))
+        y = _requantize(acc.to(torch.float32) * scale, y_zero_point)
+        return (y.movedim(1, -1) if self.channels_last else y,)
+
+
+@kernel("QLinearReduceMean", since=1, domain=MS)
+class QLinearReduceMean(_QLinearElementwise):
+    """quantize(ReduceMean(dequantize(data), axes, keepdims)) in float32 (no axes: every axis)."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.axes = [int(a) for a in self.attr("axes", [])]
+        self.keepdims = bool(self.attr("keepdims", 1))
+
+    def f(self, v: torch.Tensor) -> torch.Tensor:
+        if not v.dim():
+            return v
+        return v.mean(dim=self.axes or list(range(v.dim())), keepdim=self.keepdims)
+
+
+# -- com.microsoft QuantizeLinear / DequantizeLinear ------------------------------------------------------
+
+
+@kernel("QuantizeLinear", since=1, domain=MS)
+class QuantizeLinearMS(QuantizeLinearOnnx):
+    """ONNX's QuantizeLinear (per tensor or per `axis`; uint8/int8/uint16/int16/uint4/int4 by the zero
+    point's type) in onnxruntime's domain: x / scale in float32 for float16 inputs too, as its kernel does."""
+
+    def run(self, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        return super().run(x.to(torch.float32) if x.dtype == torch.float16 else x, scale, zero_point)
+
+
+@kernel("DequantizeLinear", since=1, domain=MS)
+class DequantizeLinearMS(DequantizeLinearOnnx):
+    """ONNX's DequantizeLinear (per tensor or per `axis`) in onnxruntime's domain: (x - zero_point) * scale."""
