@@ -4,6 +4,8 @@ nodes of types numpy lacks (int4, float8, ...) run on onnxruntime inside the eva
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -298,3 +300,95 @@ def test_qlinear_kernels_refuse_per_channel_parameters_by_name() -> None:
     x = np.zeros((2, 3), np.uint8)
     with pytest.raises(RuntimeError, match=r"QLinearSigmoid X_scale of shape \(3,\): the spec's is a scalar"):
         _run_one("QLinearSigmoid", [("x", x), ("xs", np.ones(3, np.float32)), ("xz", None), ("ys", _f(1.0)), ("yz", None)], TensorProto.UINT8, [2, 3])
+
+
+# -- a real int4 model: a Llama-like block quantized by onnxruntime's MatMulNBitsQuantizer -------------------
+
+
+class _TinyLlama(torch.nn.Module):
+    """Embedding, RMSNorm, causal single-head attention, SwiGLU MLP, LM head: every weight a MatMul or Gather
+    the quantizer turns into MatMulNBits and GatherBlockQuantized."""
+
+    def __init__(self, vocab: int = 96, dim: int = 64, hidden: int = 128) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.gate, self.up = torch.nn.Linear(dim, hidden, bias=False), torch.nn.Linear(dim, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, dim, bias=False)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        self.norms = torch.nn.Parameter(1 + 0.1 * torch.randn(3, dim))
+
+    def _norm(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norms[i]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        x = self._norm(h, 0)
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / 8.0
+        mask = torch.triu(torch.full((ids.shape[-1], ids.shape[-1]), float("-inf")), 1)
+        h = h + self.o(torch.softmax(scores + mask, -1) @ self.v(x))
+        x = self._norm(h, 1)
+        h = h + self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+        return self.head(self._norm(h, 2))
+
+
+@functools.cache
+def _int4_llama(accuracy_level: int) -> onnx.ModelProto:
+    import io
+    import logging
+    import warnings
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_TinyLlama().eval(), (torch.zeros(1, 8, dtype=torch.int64),), buf, dynamo=False, opset_version=18, input_names=["ids"])
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=32, is_symmetric=False, accuracy_level=accuracy_level,
+        op_types_to_quantize=("MatMul", "Gather"), quant_axes=(("MatMul", 0), ("Gather", 1)),
+    )
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)  # (its opset-21 upgrade notice)
+    quantizer = MatMulNBitsQuantizer(onnx.load_from_string(buf.getvalue()), algo_config=config)
+    quantizer.process()
+    return quantizer.model.model
+
+
+IDS = torch.tensor([[5, 17, 3, 90, 44, 0, 61, 8]])
+
+
+def test_int4_llama_runs_in_the_evaluator_and_its_oracle() -> None:
+    model = _int4_llama(0)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= ops
+    data = next(i for i in model.graph.initializer if i.name.endswith("_Q4"))
+    assert data.data_type == TensorProto.UINT4  # the quantizer's asymmetric int4 embedding
+    expected = _ort(model, {"ids": IDS.numpy()})[0]
+    ours = TorchEvaluator(model).run(None, {"ids": IDS})[0]
+    oracle = TorchEvaluator(model, compute_dtype="float64").run(None, {"ids": IDS})[0]
+    scale = float(np.abs(expected).max())
+    np.testing.assert_allclose(ours.numpy(), expected, atol=2e-6 * scale, rtol=0)
+    np.testing.assert_allclose(oracle.numpy(), expected, atol=2e-6 * scale, rtol=0)
+
+
+def test_int4_llama_at_level4_departs_by_what_blame_names() -> None:
+    from pytest_ortdiff import blame
+
+    model = _int4_llama(4)
+    expected = _ort(model, {"ids": IDS.numpy()})[0]
+    scale = float(np.abs(expected).max())
+    meaning = TorchEvaluator(model).run(None, {"ids": IDS})[0].numpy()
+    as_ort = TorchEvaluator(model, kernels={NBITS: MatMulNBitsAsOnnxruntime}).run(None, {"ids": IDS})[0].numpy()
+    on_ort = TorchEvaluator(model, kernels={NBITS: "ort"}).run(None, {"ids": IDS})[0].numpy()
+    # int8 activations cost about a percent of the logits' scale; onnxruntime's arithmetic reproduced
+    assert np.abs(meaning - expected).max() > 1e-3 * scale
+    np.testing.assert_allclose(as_ort, expected, atol=2e-6 * scale, rtol=0)
+    np.testing.assert_allclose(on_ort, expected, atol=2e-6 * scale, rtol=0)
+    table = blame(model, {"ids": IDS})
+    assert table.op_rows[0].op_type == "MatMulNBits" and table.op_rows[0].explained > 0.9
+    note = next(n for n in table.notes if n.startswith("MatMulNBits accuracy_level=4: onnxruntime quantizes A to int8 per block of K (32 values"))
+    assert "8 nodes" in note and "MatMulNBitsAsOnnxruntime" in note

@@ -1028,6 +1028,11 @@ class TorchEvaluator:
         return OrtKernel(node, ctx, self.opsets, self._facts.value_types, constants=self._facts.constants)
 
     @property
+    def constants(self) -> frozenset[str]:
+        """The names of the model's constant values: initializers (of bodies too) and Constant outputs."""
+        return self._facts.constants
+
+    @property
     def value_types(self) -> Mapping[str, onnx.TypeProto.Tensor]:
         """Each tensor value's type (a body's values included) as the model declares it or shape
         inference gives it (without the weights), inferred when first read; a value shape inference gives
