@@ -392,10 +392,10 @@ def _integer_cases() -> list[ContribCase]:
         ins = [("X", x, True), ("X_scale", _scalar(0.07), False), ("x_zero_point", _scalar(xzp, qtype), False),
                ("y_scale", _scalar(1 / 256), False), ("y_zero_point", _scalar(yzp, qtype), False)]
         add("QLinearSoftmax", name, _quantized_case("QLinearSoftmax", ins, _QTYPES[qtype], shape, axis=axis, opset=opset))
-    x = _rand_q(rng, (4, 30), "uint8")
+    x = _rand_q(np.random.default_rng(1), (16, 6), "uint8")
     ins = [("X", x, True), ("X_scale", _scalar(0.05), False), ("x_zero_point", _scalar(128, "uint8"), False),
-           ("y_scale", _scalar(0.003), False), ("y_zero_point", _scalar(0, "uint8"), False)]
-    add("QLinearSoftmax", "uint8-y_scale-0.003", _quantized_case("QLinearSoftmax", ins, TensorProto.UINT8, (4, 30), opset=13), departs=_SOFTMAX_FLOOR)
+           ("y_scale", _scalar(1 / 200.5), False), ("y_zero_point", _scalar(0, "uint8"), False)]
+    add("QLinearSoftmax", "uint8-inverse-y_scale-200.5", _quantized_case("QLinearSoftmax", ins, TensorProto.UINT8, (16, 6), opset=13), departs=_SOFTMAX_FLOOR)
 
     for qtype in ("uint8", "int8"):
         parts = [(_rand_q(rng, (2, n, 3), qtype), s, z) for n, s, z in ((4, 0.02, 3), (5, 0.05, -7 if qtype == "int8" else 140), (2, 0.03, 10))]
@@ -514,7 +514,7 @@ _QTYPES = {"uint8": 2, "int8": 3}  # onnx TensorProto.UINT8, INT8
 #: onnxruntime's QLinearSoftmax when 1 / y_scale is not an integer
 _SOFTMAX_FLOOR = (
     "QLinearSoftmax with 1/y_scale not an integer: onnxruntime multiplies by floor(1/y_scale) instead of "
-    "dividing by y_scale (333 for 333.3: results up to 0.1 % low)"
+    "dividing by y_scale (200 for 200.5): 8 of the 96 outputs one quantization step low"
 )
 
 
