@@ -406,3 +406,25 @@ def test_check_half_precision_fails_with_the_audit_and_the_keep_list(
             "*SKIPPED*check_half_precision converts a float32 model to float16 or bfloat16; this case is float32*"
         ]
     )
+
+
+def test_write_converted_under_a_full_disk_keeps_the_model_that_was_there(
+    softmax_case: Any, tmp_path: Any, file_size_limit: Any
+) -> None:
+    """Issue 29, item 2: the write fails midway (the file-size limit, as a full disk): the model that was at
+    the path survives byte for byte, and no temporary file stays; without the fault the new model replaces it."""
+    import errno
+
+    _, _, report = softmax_case
+    out = tmp_path / "half.onnx"
+    old = b"the model that was there\n" * 100
+    out.write_bytes(old)
+    assert report.converted_model is not None
+    with file_size_limit(report.converted_model.ByteSize() // 2), pytest.raises(OSError) as caught:
+        report.write_converted(out)
+    assert caught.value.errno in (errno.EFBIG, errno.ENOSPC)
+    assert out.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half.onnx"]
+    assert report.write_converted(out) == out
+    assert onnx.load(str(out)) == report.converted_model
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half.onnx"]

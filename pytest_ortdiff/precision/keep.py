@@ -180,13 +180,17 @@ class KeepReport:
         return self._converted
 
     def write_converted(self, path: str | Path) -> Path:
-        """Saves `converted_model` to `path` (ValueError when there is none, saying why)."""
+        """Saves `converted_model` to `path` (ValueError when there is none, saying why), atomically: a
+        full disk or a killed process leaves the file that was at `path` as it was, never half a model."""
+        from ..results import write_atomically
+
         if self._converted is None:
             raise ValueError(
                 f"no converted model to write: the search ended {self.status!r} ({self.minimality})"
             )
         out = Path(path)
-        onnx.save(self._converted, str(out))
+        # serialized before anything is touched: a model protobuf cannot encode fails here
+        write_atomically(out, self._converted.SerializeToString())
         return out
 
     def result(self, method: str) -> ListResult:
