@@ -220,3 +220,54 @@ def test_session_and_evaluator_caches_are_bounded_by_bytes(monkeypatch: pytest.M
     monkeypatch.setenv("ORTDIFF_CACHE_MB", "lots")
     with pytest.raises(ValueError, match=r"\$ORTDIFF_CACHE_MB: expected a number of MiB such as 512 \(0: keep only the latest model\), got 'lots'"):
         checker.run(_weights_model(8), feeds)
+
+
+# -- a check that compared nothing (issue 29, item 7) -----------------------------------------------------
+
+
+def _relu2(second: str = "w") -> onnx.ModelProto:
+    """y = Relu(x) of shape (n, 4), z = Relu(w) of shape (m, 2)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", [second], ["z"])],
+        "relu2",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4]), helper.make_tensor_value_info("w", TensorProto.FLOAT, ["m", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4]), helper.make_tensor_value_info("z", TensorProto.FLOAT, ["m", 2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+EMPTY = "compared 0 elements: every output is empty (y: float32[0x4], z: float32[0x2]) for the feeds given (empty: x [0, 4], w [0, 2]); feed a non-empty input"
+
+
+@pytest.mark.parametrize("reference", ["torch", "float64"])
+def test_a_check_that_compared_nothing_fails(reference: str) -> None:
+    from pytest_ortdiff.check import NothingCompared
+
+    checker = Checker("CPU", "float32")
+    with pytest.raises(NothingCompared) as info:
+        checker.check(_relu2(), {"x": torch.zeros(0, 4), "w": torch.zeros(0, 2)}, reference=reference)  # type: ignore[arg-type]
+    assert isinstance(info.value, ToleranceBroken)  # (caught as a broken check wherever one is)
+    result = info.value.result
+    assert not result.passed and all(not j.passed for j in result.judgements)
+    assert [str(v) for v in result.violations] == [EMPTY] * len(result.judgements)
+    assert str(info.value).splitlines()[:2] == [f"ortdiff: {result.judgements[0].title} CPU float32: compared 0 elements, not a pass", f"  - {EMPTY}"]
+    for row in result.rows():
+        assert (row.passed, row.max_abs, row.worst) == (False, None, EMPTY)
+
+
+def test_outputs_empty_in_both_runtimes_beside_others_are_compared_by_shape_and_named() -> None:
+    """An output empty for these feeds (no detection in this image) while another has elements: the check judges
+    the elements there are, the empty output's shape must agree, and the report names it."""
+    result = Checker("CPU", "float32").check(_relu2(), {"x": torch.zeros(0, 4), "w": torch.ones(3, 2)})
+    assert result.passed and result.report.n == 6
+    assert "empty in both runtimes (shapes compared, no values): y float32[0x4]" in result.render()
+
+
+def test_compare_on_an_empty_feed_exits_1_saying_nothing_was_compared(cli: Callable[..., Any], tmp_path: Path) -> None:
+    onnx.save(_relu2(), str(tmp_path / "relu2.onnx"))
+    np.savez(tmp_path / "x.npz", x=np.zeros((0, 4), np.float32), w=np.zeros((0, 2), np.float32))
+    out = cli("compare", "relu2.onnx", "--feeds", "x.npz", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "passed" not in out.stdout
+    assert "ortdiff: torch evaluator vs onnxruntime CPU float32: compared 0 elements, not a pass" in out.stdout
+    assert EMPTY in out.stdout

@@ -581,3 +581,30 @@ def test_a_killed_run_never_leaves_the_previous_green_html_report(pytester: pyte
     pytester.runpytest("--ortdiff-html=r.html").assert_outcomes(passed=1)
     report = (pytester.path / "r.html").read_text()
     assert "test_a" in report and "did not finish" not in report
+
+
+def test_a_check_on_an_empty_feed_fails_the_test_and_its_summary_row(pytester: pytest.Pytester) -> None:
+    """Issue 29, item 7: ortdiff.check with torch.zeros(0, 4) compared 0 elements: the test fails saying so, and
+    its summary row and JSON row read failed, with no numbers."""
+    pytester.makepyfile(
+        test_empty="""
+        import torch
+        from onnx import TensorProto, helper
+
+        def test_empty(ortdiff):
+            graph = helper.make_graph(
+                [helper.make_node("Relu", ["x"], ["y"])], "g",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+            )
+            ortdiff.check(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), {"x": torch.zeros(0, 4)})
+        """
+    )
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    result.assert_outcomes(failed=1)
+    why = "compared 0 elements: every output is empty (y: float32[0x4]) for the feeds given (empty: x [0, 4]); feed a non-empty input"
+    glob = re.sub(r"([\[\]])", r"[\1]", why)
+    result.stdout.fnmatch_lines(["*OrtDiffFailure: ortdiff: torch evaluator vs onnxruntime CPU float32: compared 0 elements, not a pass", f"*- {glob}"])
+    result.stdout.fnmatch_lines([f"test_empty.py::test_empty[[]CPU-float32[]] * CPU * float32 * -  * - * {glob}  failed"])
+    (row,) = json.loads((pytester.path / "job.json").read_text())["results"]
+    assert (row["passed"], row["outcome"], row["max_abs"], row["worst"]) == (False, "failed", None, why)
