@@ -168,6 +168,8 @@ class CheckResult:
     closer: Literal["onnxruntime", "torch", "tie"] | None = None
     blame: BlameTable | None = None
     model: str = ""
+    #: outputs of a floating dtype the diff has no rules for (float8), compared as float32: "y float8_e4m3fn"
+    widened: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -215,6 +217,7 @@ class CheckResult:
             lines.append(self.report.render())
         empty = [_described(o) for o in _outputs_of(self.report) if not o.n] if self.report.n else []
         extra = [
+            f"compared as the float32 values they hold (each value of theirs is one): {', '.join(self.widened)}" if self.widened else None,
             f"empty in both runtimes (shapes compared, no values): {', '.join(empty)}" if empty else None,
             self.closer_line() if not self.passed else None,
             self.ran_on_ort_line(),
@@ -462,9 +465,11 @@ class Checker:
         m = checked.proto
         _warn_other_dtype(m, self.dtype)
         names = [o.name for o in m.graph.output]
-        got = self.run_ort(checked, feeds)
+        raw = self.run_ort(checked, feeds)
         ev = self.evaluator(checked, runtime="torch", kernels=kernels, missing=missing)
-        expected = ev.run(None, feeds)
+        expected_raw = ev.run(None, feeds)
+        got, widened = _widened(raw, names)
+        expected, _ = _widened(expected_raw, names)
         ran_on_ort = tuple(getattr(ev, "ops_run_by_ort", ()) or ())
         tol = self.tolerance_for(tolerance)
 
@@ -480,7 +485,7 @@ class Checker:
             judgements: tuple[Judgement, ...] = (judge("torch evaluator vs onnxruntime", expected, got, ""),)
         else:
             ev64 = self.evaluator(checked, runtime="float64", kernels=kernels, missing=missing)
-            oracle = [o.to(t.dtype) for o, t in zip(ev64.run(None, feeds), expected, strict=True)]
+            oracle, _ = _widened([o.to(t.dtype) for o, t in zip(ev64.run(None, feeds), expected_raw, strict=True)], names)
             judgements = (
                 judge("float64 oracle vs onnxruntime", oracle, got, " [ort vs float64]"),
                 judge("float64 oracle vs torch evaluator", oracle, expected, " [torch vs float64]"),
@@ -492,10 +497,11 @@ class Checker:
             tolerance=tol,
             reference=reference,
             judgements=judgements,
-            outputs=dict(zip(names, got, strict=True)),
+            outputs=dict(zip(names, raw, strict=True)),
             ran_on_ort=ran_on_ort,
             closer=closer,
             model=m.graph.name,
+            widened=widened,
         )
         if not result.passed:
             if not result.report.n:
@@ -612,6 +618,23 @@ class Checker:
 
 # key -> (evaluator, its weights' bytes), bounded by bytes as onnxruntime's sessions are (selection.trim_cache)
 _EVALUATORS: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
+
+
+def _widened(values: Sequence[torch.Tensor], names: Sequence[str]) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+    """`values` with those of a floating dtype the diff has no rules for (float8: ULPs, tiny, default
+    tolerances) as float32, which holds each of their values exactly; and "name dtype" of each so widened."""
+    import torch
+
+    out, widened = [], []
+    for name, t in zip(names, values, strict=True):
+        if t.is_floating_point():
+            try:
+                dtype_of(t.dtype)
+            except (KeyError, ValueError):
+                widened.append(f"{name} {str(t.dtype).removeprefix('torch.')}")
+                t = t.to(torch.float32)
+        out.append(t)
+    return out, tuple(dict.fromkeys(widened))
 
 
 def _outputs_of(report: DiffReport) -> tuple[DiffReport, ...]:

@@ -271,3 +271,67 @@ def test_compare_on_an_empty_feed_exits_1_saying_nothing_was_compared(cli: Calla
     assert "passed" not in out.stdout
     assert "ortdiff: torch evaluator vs onnxruntime CPU float32: compared 0 elements, not a pass" in out.stdout
     assert EMPTY in out.stdout
+
+
+# -- models onnx.checker passes that the check tripped on (issue 29, item 12) ------------------------------
+
+
+def _one_output_twice() -> onnx.ModelProto:
+    """y = Relu(x), listed twice among the graph's outputs (onnx.checker accepts it)."""
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "twice", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])], [y, y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _float8_output() -> onnx.ModelProto:
+    """y = Cast(Relu(x), to=FLOAT8E4M3FN): a float8 output."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT8E4M3FN)],
+        "f8",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [2, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+RELU_OFF = {("", "Relu"): lambda x: torch.relu(x) + 0.5}
+
+
+def test_an_output_listed_twice_is_run_and_compared() -> None:
+    model, feeds = _one_output_twice(), {"x": torch.linspace(-1, 1, 8).reshape(2, 4)}
+    want = torch.relu(feeds["x"])
+    got = OrtRunner(model).run(None, feeds)
+    assert len(got) == 2 and all(torch.equal(t, want) for t in got)  # one per graph output, as the evaluator gives
+    checker = Checker("CPU", "float32")
+    for runtime in ("ort", "torch", "float64"):
+        outs = checker.run(model, feeds, runtime=runtime)  # type: ignore[arg-type]
+        assert len(outs) == 2 and all(torch.equal(t.float(), want) for t in outs), runtime
+    result = checker.check(model, feeds)
+    assert result.passed and list(result.outputs) == ["y"] and result.report.n == 8
+    with pytest.raises(ToleranceBroken) as info:
+        checker.check(model, feeds, kernels=RELU_OFF)
+    assert info.value.result.report.max_abs == pytest.approx(0.5)
+
+
+def test_a_float8_output_is_compared_as_the_float32_values_it_holds() -> None:
+    model, feeds = _float8_output(), {"x": torch.linspace(-2, 2, 8).reshape(2, 4)}
+    checker = Checker("CPU", "float32")
+    result = checker.check(model, feeds, reference="float64")
+    assert result.passed and result.report.n == 8
+    assert result.outputs["y"].dtype == torch.float8_e4m3fn  # (onnxruntime's outputs as they are)
+    assert "compared as the float32 values they hold (each value of theirs is one): y float8_e4m3fn" in result.render()
+    with pytest.raises(ToleranceBroken) as info:
+        checker.check(model, feeds, kernels=RELU_OFF)
+    assert info.value.result.report.max_abs >= 0.4  # (0.5, then rounded to float8)
+
+
+@pytest.mark.parametrize("build", [_one_output_twice, _float8_output], ids=["output-listed-twice", "float8-output"])
+def test_compare_runs_models_that_onnx_checker_passes(cli: Callable[..., Any], tmp_path: Path, build: Callable[[], onnx.ModelProto]) -> None:
+    onnx.save(build(), str(tmp_path / "m.onnx"))
+    out = cli("compare", "m.onnx", cwd=tmp_path)
+    assert (out.returncode, out.stderr) == (0, ""), out.stdout + out.stderr
+    assert "passed (atol=0.0001 rtol=0.0001)" in out.stdout and "output 'y'" in out.stdout

@@ -323,9 +323,16 @@ class OrtRunner:
         check_feeds(self._specs, feeds)  # the one feed check (names, dtypes, ranks, fixed dims) everyone uses
         import onnxruntime
 
+        # a graph may list one output twice (onnx.checker allows it); a binding holds each name once
+        unique = list(dict.fromkeys(names))
         if hasattr(onnxruntime.OrtValue, "from_dlpack"):
-            return self._run_bound(sess, names, feeds)
-        return self._run_numpy(sess, names, feeds)
+            outs = self._run_bound(sess, unique, feeds)
+        else:
+            outs = self._run_numpy(sess, unique, feeds)
+        if len(unique) == len(names):
+            return outs
+        by_name = dict(zip(unique, outs, strict=True))
+        return [by_name[name] for name in names]
 
     def _shapeless_inputs(self, specs: dict[str, InputSpec]) -> dict[str, InputSpec]:
         """onnxruntime reports an input declared without a shape as [], as it does a scalar: the model's own
