@@ -17,7 +17,7 @@ from .dtypes import dtype_of
 from .model_io import CheckedModel, check_feeds, check_model, load_model, model_path
 from .providers import KNOWN, parse_provider, torch_device
 from .results import CheckRow, closer_to_oracle
-from .selection import trim_cache
+from .selection import ResidentGrowth, trim_cache
 from .tolerance import Tolerance, Violation
 
 if TYPE_CHECKING:
@@ -418,11 +418,14 @@ class Checker:
             _EVALUATORS.move_to_end(key)
             return cached[0]
         extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
+        grown = ResidentGrowth()
         ev = TorchEvaluator(
             model.proto, device=self.device, kernels=kernels, compute_dtype=torch.float64 if runtime == "float64" else None, check_model=False, **extra
         )
-        # an evaluator holds the model's weights as tensors: float64 copies for the oracle
-        _EVALUATORS[key] = (ev, model.nbytes * (2 if runtime == "float64" else 1))
+        # charged what it holds: the model's proto, and its weights decoded into tensors (float64 copies for the
+        # oracle): what building it made resident, at least their size
+        decoded = model.nbytes * (2 if runtime == "float64" else 1)
+        _EVALUATORS[key] = (ev, model.nbytes + max(decoded, grown.stop()))
         trim_cache(_EVALUATORS)
         return ev
 

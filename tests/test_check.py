@@ -335,3 +335,58 @@ def test_compare_runs_models_that_onnx_checker_passes(cli: Callable[..., Any], t
     out = cli("compare", "m.onnx", cwd=tmp_path)
     assert (out.returncode, out.stderr) == (0, ""), out.stdout + out.stderr
     assert "passed (atol=0.0001 rtol=0.0001)" in out.stdout and "output 'y'" in out.stdout
+
+
+# -- the caches' bound in resident memory (issue 29, item 14) ----------------------------------------------
+
+#: a fresh interpreter (its resident memory is this script's alone): N distinct models with an 8 MiB weight, each
+#: checked against the float64 oracle (an onnxruntime session, a torch evaluator and the oracle cached per model);
+#: prints the resident MiB after the warm-up and the most after any model
+RSS_SCRIPT = """
+import json, os, sys
+import numpy as np, torch
+from onnx import TensorProto, helper, numpy_helper
+from pytest_ortdiff import Checker
+
+def resident_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+def model(seed):
+    w = numpy_helper.from_array(np.random.RandomState(seed).randn(1024, 2048).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], f"m{seed}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2048])], [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+checker, feeds = Checker("CPU", "float32"), {"x": torch.randn(1, 1024)}
+for seed in (1000, 1001):  # (libraries, kernels and allocators warm up)
+    checker.check(model(seed), feeds, reference="float64")
+base = peak = resident_mib()
+for seed in range(int(sys.argv[1])):
+    checker.check(model(seed), feeds, reference="float64")
+    peak = max(peak, resident_mib())
+print(json.dumps({"base": base, "peak": peak}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads resident memory from /proc/self/statm")
+def test_the_caches_hold_the_resident_memory_they_are_configured_for(tmp_path: Path) -> None:
+    """24 distinct 8 MiB models with ORTDIFF_CACHE_MB=64 (two caches: sessions, evaluators): resident memory grows
+    by at most the two bounds and 64 MiB for the check in progress. Before the fix it grew by 2.5x the bounds
+    (a session holds the model's bytes and onnxruntime's copy of its weights, an evaluator the proto and the
+    decoded weights; and memory freed by an eviction stayed resident)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rss.py"
+    script.write_text(RSS_SCRIPT)
+    env = {**os.environ, "ORTDIFF_CACHE_MB": "64", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script), "24"], env=env, capture_output=True, text=True, timeout=600, check=True)
+    mib = json.loads(out.stdout.strip().splitlines()[-1])
+    grown = mib["peak"] - mib["base"]
+    assert grown <= 2 * 64 + 64, f"resident memory grew by {grown:.0f} MiB with two caches of 64 MiB ({mib})"
