@@ -351,23 +351,23 @@ def _graph_notes(m: onnx.ModelProto, data: bytes, config: Mapping[str, str], pro
     import onnxruntime
 
     ep = KNOWN[parse_provider(provider)]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "optimized.onnx")
-        so = onnxruntime.SessionOptions()
-        so.optimized_model_filepath = path
-        # no optimizations: only the transformations onnxruntime always applies (Cast insertion)
-        so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        for key, value in config.items():
-            so.add_session_config_entry(key, value)
-        if config:  # (the optimized copy's weights go to a file of its own in `tmp`, not into the model's)
-            so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx.data")
-        try:
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "optimized.onnx")
+            so = onnxruntime.SessionOptions()
+            so.optimized_model_filepath = path
+            # no optimizations: only the transformations onnxruntime always applies (Cast insertion)
+            so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            for key, value in config.items():
+                so.add_session_config_entry(key, value)
+            if config:  # (the optimized copy's weights go to a file of its own in `tmp`, not into the model's)
+                so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx.data")
             onnxruntime.InferenceSession(data, so, providers=[ep])
-        except Exception:  # the caller's own run reports session errors; notes are a bonus
-            return []
-        if not os.path.exists(path):
-            return []
-        optimized = onnx.load(path, load_external_data=False)  # (its graph is all that is read)
+            if not os.path.exists(path):
+                return []
+            optimized = onnx.load(path, load_external_data=False)  # (its graph is all that is read)
+    except Exception:  # session errors (the caller's own run reports them), a full or unwritable temporary
+        return []  # directory, a half-written copy: notes are a bonus, never worth the blame table
     inserted = {n.output[0]: n for n in optimized.graph.node if n.op_type == "Cast" and "Inserted" in n.name}
     if not inserted:
         return []
