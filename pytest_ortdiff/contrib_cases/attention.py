@@ -442,3 +442,221 @@ _case("4d", "RotaryEmbedding", _rotary(shape=(2, 2, 3, 16), positions="scalar"))
 _case("4d-interleaved-ids", "RotaryEmbedding", _rotary(shape=(2, 2, 3, 16), positions="ids", interleaved=1))
 _case("partial", "RotaryEmbedding", _rotary(num_heads=2, half=4, rotary_embedding_dim=8, positions="ids"))
 _case("scale-packed-batching", "RotaryEmbedding", _rotary(num_heads=2, scale=0.5, is_packed_batching=1, positions="ids"))
+
+
+# -- DecoderMaskedMultiHeadAttention -----------------------------------------------------------------------
+
+
+def _dmmha(
+    *,
+    batch: int = 2,
+    heads: int = 2,
+    head: int = 16,
+    past: int = 3,
+    share: int = 0,
+    cross: int = 0,
+    packed: bool = False,
+    bias: bool = False,
+    mask: bool = False,
+    attn_bias: bool = False,
+    beams: int = 0,
+    qk: bool = False,
+    seed: int = 4,
+    **attrs: Any,
+) -> Builder:
+    def make(dtype: str) -> tuple[dict[str, Any], Outputs, dict[str, Any]]:
+        g = _gen(seed)
+        d = heads * head
+        rows = batch * max(beams, 1)
+        inputs: dict[str, Any] = dict.fromkeys(
+            ("query", "key", "value", "mask_index", "attention_bias", "past_key", "past_value", "past_sequence_length", "beam_width", "cache_indirection", "bias")
+        )
+        if packed:
+            inputs["query"] = _randn(g, rows, 1, 3 * d, dtype=dtype)
+        else:
+            inputs["query"] = _randn(g, rows, 1, d, dtype=dtype)
+            if cross:
+                inputs["key"] = _randn(g, rows, heads, cross, head, dtype=dtype)
+                inputs["value"] = _randn(g, rows, heads, cross, head, dtype=dtype)
+            else:
+                inputs["key"] = _randn(g, rows, 1, d, dtype=dtype)
+                inputs["value"] = _randn(g, rows, 1, d, dtype=dtype)
+        total = cross or past + 1
+        if not cross:
+            m = share or past
+            inputs["past_key"] = _randn(g, rows, heads, m, head, dtype=dtype)
+            inputs["past_value"] = _randn(g, rows, heads, m, head, dtype=dtype)
+            inputs["past_sequence_length"] = _ints([past])
+        if mask:
+            inputs["mask_index"] = _ints([[1] * (total - 2) + [0, 1]] * rows)
+        if attn_bias:
+            inputs["attention_bias"] = _randn(g, rows, heads, 1, total, dtype=dtype)
+        if beams:
+            inputs["beam_width"] = _ints([beams])
+            inputs["cache_indirection"] = torch_randint(g, beams, (batch, beams, share or past + 1))
+        if bias:
+            inputs["bias"] = _randn(g, 3 * d, dtype=dtype, scale=0.5)
+        a = {"num_heads": heads, **attrs}
+        if share:
+            a["past_present_share_buffer"] = 1
+        if qk:
+            a["output_qk"] = 1
+        outputs: Outputs = {
+            "output": (dtype, 3),
+            "present_key": (dtype, 4) if not cross else None,
+            "present_value": (dtype, 4) if not cross else None,
+            "qk": (dtype, 4) if qk else None,
+        }
+        return inputs, outputs, a
+
+    return make
+
+
+# onnxruntime's CPU kernel takes self attention only with past_present_share_buffer
+_case("self", "DecoderMaskedMultiHeadAttention", _dmmha(share=4))
+_case("self-bias-mask", "DecoderMaskedMultiHeadAttention", _dmmha(share=6, bias=True, mask=True, scale=0.3))
+# packed QKV fails in onnxruntime 1.32's CPU kernel ("Tensor size (192) != new size (64)"; with a bias:
+# "Attempting to broadcast an axis by a dimension other than 1"), and its CUDA kernel wants the shared key
+# buffer reordered (B, N, H / x, M, x): the packed form is checked against the numpy reference only
+_case("share-buffer-attention-bias", "DecoderMaskedMultiHeadAttention", _dmmha(share=6, attn_bias=True, qk=True))
+_case("beam-search", "DecoderMaskedMultiHeadAttention", _dmmha(batch=1, beams=3, share=6, bias=True))
+_case("cross", "DecoderMaskedMultiHeadAttention", _dmmha(cross=5, bias=True, mask=True))
+_case("cross-qk", "DecoderMaskedMultiHeadAttention", _dmmha(cross=5, qk=True, scale=0.5))
+
+
+# -- SparseAttention ---------------------------------------------------------------------------------------
+
+
+def _csr(dense: list[list[list[int]]]) -> tuple[list[list[int]], list[list[int]]]:
+    """CSR row pointers and column indices (right-padded with -1) of per-layout block masks."""
+    rows, cols = [], []
+    for layout in dense:
+        r, c = [0], []
+        for line in layout:
+            c += [j for j, on in enumerate(line) if on]
+            r.append(len(c))
+        rows.append(r)
+        cols.append(c)
+    width = max(len(c) for c in cols)
+    return rows, [c + [-1] * (width - len(c)) for c in cols]
+
+
+#: two 4 x 4 block layouts (the schema's example)
+_LAYOUTS = [
+    [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1]],
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 1, 1]],
+]
+
+
+def _sparse(
+    *,
+    seq: int = 1,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head: int = 16,
+    block: int = 16,
+    totals: tuple[int, ...] = (50, 37),
+    layouts: int = 2,
+    packed: bool = False,
+    rotary: bool = False,
+    seed: int = 5,
+    **attrs: Any,
+) -> Builder:
+    def make(dtype: str) -> tuple[dict[str, Any], Outputs, dict[str, Any]]:
+        g = _gen(seed)
+        batch = len(totals)
+        rows = 4 * block
+        inputs: dict[str, Any] = dict.fromkeys(
+            ("query", "key", "value", "past_key", "past_value", "block_row_indices", "block_col_indices", "total_sequence_length",
+             "key_total_sequence_lengths", "cos_cache", "sin_cache")
+        )
+        if packed:
+            inputs["query"] = _randn(g, batch, seq, (heads + 2 * kv_heads) * head, dtype=dtype)
+        else:
+            inputs["query"] = _randn(g, batch, seq, heads * head, dtype=dtype)
+            inputs["key"] = _randn(g, batch, seq, kv_heads * head, dtype=dtype)
+            inputs["value"] = _randn(g, batch, seq, kv_heads * head, dtype=dtype)
+        inputs["past_key"] = _randn(g, batch, kv_heads, rows, head, dtype=dtype)
+        inputs["past_value"] = _randn(g, batch, kv_heads, rows, head, dtype=dtype)
+        r, c = _csr(_LAYOUTS[:layouts])
+        inputs["block_row_indices"] = _ints(r)
+        inputs["block_col_indices"] = _ints(c)
+        inputs["total_sequence_length"] = _ints(max(totals))
+        inputs["key_total_sequence_lengths"] = _ints(list(totals))
+        if rotary:
+            inputs["cos_cache"], inputs["sin_cache"] = _rope_caches(rows, head // 2, dtype)
+        a = {"num_heads": heads, "kv_num_heads": kv_heads, "sparse_block_size": block, **attrs}
+        if rotary:
+            a["do_rotary"] = 1
+        return inputs, {"output": (dtype, 3), "present_key": (dtype, 4), "present_value": (dtype, 4)}, a
+
+    return make
+
+
+# onnxruntime updates the cache in place: present_key/present_value must be past_key/past_value's buffers
+_SHARED = (("present_key", "past_key"), ("present_value", "past_value"))
+#: onnxruntime 1.32's CPU kernel (sparse_attention_base.h) writes each (batch, head)'s probabilities at a
+#: stride of total_sequence_length and reads them back at the entry's own key count: after an entry shorter
+#: than the longest, the ·V product reads misplaced probabilities
+_RAGGED = (
+    "onnxruntime's CPU kernel misplaces the probabilities of batch entries after one with fewer keys than "
+    "total_sequence_length (written at a stride of total_sequence_length, read at the entry's own length)"
+)
+_case("decode", "SparseAttention", _sparse(totals=(50, 50)), shared_buffers=_SHARED)
+_case("decode-one-layout-scale", "SparseAttention", _sparse(totals=(37, 37), layouts=1, scale=0.2), shared_buffers=_SHARED)
+_case("decode-ragged", "SparseAttention", _sparse(totals=(50, 37)), shared_buffers=_SHARED, departs=_RAGGED)
+_case("prompt", "SparseAttention", _sparse(seq=40, totals=(40, 40), packed=True), shared_buffers=_SHARED)
+_case("prompt-rotary", "SparseAttention", _sparse(seq=24, totals=(24, 24), rotary=True), shared_buffers=_SHARED)
+_case("decode-rotary-interleaved", "SparseAttention", _sparse(totals=(45, 45), rotary=True, rotary_interleaved=1), shared_buffers=_SHARED)
+
+
+# -- QAttention ------------------------------------------------------------------------------------------
+
+
+def _qattention(
+    *,
+    batch: int = 2,
+    seq: int = 3,
+    hidden_in: int = 16,
+    heads: int = 2,
+    hidden: int = 16,
+    signed_input: bool = False,
+    per_column: bool = False,
+    zero_points: bool = True,
+    mask: Callable[[Any], Any] | None = None,
+    past: int = 0,
+    seed: int = 6,
+    **attrs: Any,
+) -> Builder:
+    def make(dtype: str) -> tuple[dict[str, Any], Outputs, dict[str, Any]]:
+        import torch
+
+        g = _gen(seed)
+        lo, hi, itype = (-128, 128, torch.int8) if signed_input else (0, 256, torch.uint8)
+        inputs: dict[str, Any] = {
+            "input": torch.randint(lo, hi, (batch, seq, hidden_in), generator=g).to(itype),
+            "weight": torch.randint(-128, 128, (hidden_in, 3 * hidden), generator=g).to(torch.int8),
+            "bias": _randn(g, 3 * hidden, dtype=dtype, scale=0.2),
+            "input_scale": torch.tensor(0.02, dtype=getattr(torch, dtype)),
+            "weight_scale": (torch.rand(3 * hidden, generator=g) * 0.004 + 0.001).to(getattr(torch, dtype))
+            if per_column
+            else torch.tensor(0.003, dtype=getattr(torch, dtype)),
+            "mask_index": mask(g) if mask is not None else None,
+            "input_zero_point": torch.tensor(3 if signed_input else 128, dtype=itype) if zero_points else None,
+            "weight_zero_point": (torch.randint(-4, 4, (3 * hidden,), generator=g).to(torch.int8) if per_column else torch.tensor(1, dtype=torch.int8))
+            if zero_points
+            else None,
+            "past": _randn(g, 2, batch, heads, past, hidden // heads, dtype=dtype) if past else None,
+        }
+        outputs: Outputs = {"output": (dtype, 3), "present": (dtype, 5) if past else None}
+        return inputs, outputs, {"num_heads": heads, **attrs}
+
+    return make
+
+
+_case("uint8", "QAttention", _qattention())
+_case("per-column", "QAttention", _qattention(per_column=True))
+# onnxruntime's CPU kernel takes a uint8 input only
+_case("int8-input", "QAttention", _qattention(signed_input=True, per_column=True), providers=("CUDA",))
+_case("no-zero-points-mask", "QAttention", _qattention(zero_points=False, mask=lambda g: _ints([2, 3]), scale=0.3))
+_case("past-unidirectional", "QAttention", _qattention(past=2, unidirectional=1, mask_filter_value=-50.0, mask=lambda g: _ints([[1, 1, 1, 0, 1], [0, 1, 1, 1, 1]])))

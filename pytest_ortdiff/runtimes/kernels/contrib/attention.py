@@ -860,3 +860,189 @@ class RotaryEmbedding(Kernel):
         if x.dim() == 3:
             out = _bsd(out)
         return (out.to(x.dtype),)
+
+
+@kernel("DecoderMaskedMultiHeadAttention", since=1, domain=MS)
+class DecoderMaskedMultiHeadAttention(_MultiHeadBase):
+    """One decoding step of MultiHeadAttention (Whisper/T5/GPT decoders from onnxruntime's beam search):
+    query (B, 1, D) or packed QKV (B, 1, D + D + D_v); self attention with key/value (B, 1, D) appended to
+    past_key/past_value (with `past_present_share_buffer`: (B, N, M, H) buffers written at
+    `past_sequence_length`), or cross attention with key/value (B, N, L, H); `mask_index` (B, T) 0/1 with
+    `mask_filter_value`, `attention_bias`, the projection `bias`, `cache_indirection` (beam search: a past
+    row read from the beam it came from), `scale`; `output_qk` asks for the `qk` output (the scaled scores
+    before softmax)."""
+
+    share_attr = "past_present_share_buffer"
+
+    def run(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        mask_index: torch.Tensor | None = None,
+        attention_bias: torch.Tensor | None = None,
+        past_key: torch.Tensor | None = None,
+        past_value: torch.Tensor | None = None,
+        past_sequence_length: torch.Tensor | None = None,
+        beam_width: torch.Tensor | None = None,
+        cache_indirection: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, ...]:
+        wide = _wide(query)
+        if key is None and value is None and query.dim() == 3:  # packed (B, 1, D + D + D_v)
+            width = query.shape[2]
+            d = past_key.shape[1] * past_key.shape[3] if past_key is not None else width // 3
+            query, key, value = query.split([d, d, width - 2 * d], dim=-1)
+        q, k, v, kv_is_cache = self._heads(query, key, value, bias, wide)
+        if cache_indirection is not None and beam_width is not None and _int(beam_width, "beam_width") != cache_indirection.shape[1]:
+            raise ValueError(f"{self.op_type}: beam_width {_int(beam_width, 'beam_width')} differs from cache_indirection's {cache_indirection.shape[1]} beams")
+        outputs = self._core(
+            q, k, v, kv_is_cache, query.dtype, mask_index, attention_bias, past_key, past_value,
+            past_sequence_length, cache_indirection,
+        )
+        return outputs
+
+
+# -- SparseAttention --------------------------------------------------------------------------------------
+
+
+def _block_mask(rows: torch.Tensor, cols: torch.Tensor, op: str) -> torch.Tensor:
+    """The dense [layouts, blocks, blocks] boolean block mask of CSR row pointers [layouts, blocks + 1] and
+    column indices [layouts, nnz] (right-padded with anything past each layout's row pointer end)."""
+    layouts, blocks = rows.shape[0], rows.shape[1] - 1
+    dense = torch.zeros(layouts, blocks, blocks, dtype=torch.bool, device=rows.device)
+    r, c = rows.to(torch.int64).tolist(), cols.to(torch.int64).tolist()
+    for layout in range(layouts):
+        for i in range(blocks):
+            for idx in range(r[layout][i], r[layout][i + 1]):
+                j = c[layout][idx]
+                if not 0 <= j < blocks:
+                    raise ValueError(f"{op}: block_col_indices[{layout}][{idx}] = {j} is outside the {blocks} blocks")
+                dense[layout, i, j] = True
+    return dense
+
+
+@kernel("SparseAttention", since=1, domain=MS)
+class SparseAttention(Kernel):
+    """Block-sparse causal attention over a shared KV buffer (Phi-3-small): entry b holds T =
+    key_total_sequence_lengths[b] tokens after the step, the S new ones written at rows T - S .. T of
+    past_key/past_value (the present outputs: the buffers with those rows replaced); query row s at position
+    P + s attends key j when j <= P + s, j < T and the block mask of head h's layout (h mod layouts, from the
+    CSR block_row_indices/block_col_indices) holds (position // sparse_block_size, j // sparse_block_size).
+    Grouped heads (`kv_num_heads`), packed QKV, `do_rotary` with cos_cache/sin_cache (halves or
+    `rotary_interleaved` pairs) at the tokens' positions, `scale`."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        self.num_heads = int(self.attr("num_heads", 0))
+        self.kv_num_heads = int(self.attr("kv_num_heads", 0))
+        if self.num_heads <= 0 or self.kv_num_heads <= 0 or self.num_heads % self.kv_num_heads:
+            raise ValueError(f"{self.op_type}: num_heads ({self.num_heads}) must be a positive multiple of kv_num_heads ({self.kv_num_heads})")
+        self.block = int(self.attr("sparse_block_size", 0))
+        if self.block <= 0:
+            raise ValueError(f"{self.op_type}: sparse_block_size is required and must be positive")
+        self.scale_attr = float(self.attr("scale", 0.0))
+        self.do_rotary = bool(self.attr("do_rotary", 0))
+        self.interleaved = bool(self.attr("rotary_interleaved", 0))
+
+    def run(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        past_key: torch.Tensor,
+        past_value: torch.Tensor,
+        block_row_indices: torch.Tensor,
+        block_col_indices: torch.Tensor,
+        total_sequence_length: torch.Tensor,
+        key_total_sequence_lengths: torch.Tensor,
+        cos_cache: torch.Tensor | None = None,
+        sin_cache: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        op = self.op_type
+        n, nk = self.num_heads, self.kv_num_heads
+        dtype, wide, device = query.dtype, _wide(query), query.device
+        batch, q_len, width = query.shape
+        if key is None or value is None:
+            if key is not None or value is not None:
+                raise ValueError(f"{op}: key and value are both given or both omitted (packed QKV)")
+            head = width // (n + 2 * nk)
+            q, k, v = query.split([n * head, nk * head, nk * head], dim=-1)
+        else:
+            head = width // n
+            q, k, v = query, key, value
+        qh, kh, vh = _bnsh(q.to(wide), n, "query"), _bnsh(k.to(wide), nk, "key"), _bnsh(v.to(wide), nk, "value")
+        totals = _ints(key_total_sequence_lengths, f"{op}: key_total_sequence_lengths", batch)
+        starts = [t - min(q_len, t) for t in totals]
+        if max(totals) > _int(total_sequence_length, f"{op}: total_sequence_length"):
+            raise ValueError(f"{op}: key_total_sequence_lengths {totals} exceed total_sequence_length")
+        position = torch.tensor(starts, device=device).reshape(-1, 1) + torch.arange(q_len, device=device).reshape(1, -1)
+        if self.do_rotary:
+            if cos_cache is None or sin_cache is None:
+                raise ValueError(f"{op}: do_rotary needs cos_cache and sin_cache")
+            cos, sin = _rotary_angles(position, cos_cache, sin_cache, wide, op)
+            qh = _rotate_bnsh(qh, cos, sin, self.interleaved)
+            kh = _rotate_bnsh(kh, cos, sin, self.interleaved)
+        qh, kh, vh = _rounded(qh, dtype), _rounded(kh, dtype), _rounded(vh, dtype)
+        rows = past_key.shape[2]
+        present_k, present_v = past_key.to(wide).clone(), past_value.to(wide).clone()
+        for b in range(batch):
+            count = min(q_len, rows - starts[b])
+            present_k[b, :, starts[b] : starts[b] + count] = kh[b, :, :count]
+            present_v[b, :, starts[b] : starts[b] + count] = vh[b, :, :count]
+        dense = _block_mask(block_row_indices, block_col_indices, op)
+        layouts, blocks = dense.shape[0], dense.shape[1]
+        if n % layouts:
+            raise ValueError(f"{op}: num_heads {n} is not a multiple of the {layouts} layouts")
+        if blocks * self.block < rows:
+            raise ValueError(f"{op}: the block mask's {blocks} blocks of {self.block} cover fewer than the cache's {rows} rows")
+        j = torch.arange(rows, device=device)
+        limit = torch.tensor(totals, device=device).reshape(batch, 1, 1, 1)
+        pos = torch.minimum(position.reshape(batch, 1, q_len, 1), limit - 1)
+        allowed = (j.reshape(1, 1, 1, -1) < limit) & (j.reshape(1, 1, 1, -1) <= pos)
+        layout = torch.arange(n, device=device) % layouts  # [N]
+        # [N, B, S, T]: the layout's block for (query block, key block)
+        sparse = dense[layout.reshape(-1, 1, 1, 1), (pos // self.block).reshape(1, batch, q_len, 1), (j // self.block).reshape(1, 1, 1, -1)]
+        allowed = allowed & sparse.permute(1, 0, 2, 3)
+        out, _, _ = _attend(qh, present_k, present_v, _scale(self.scale_attr, head), _neg_inf_where(~allowed, wide))
+        return _bsd(out).to(dtype), present_k.to(dtype), present_v.to(dtype)
+
+
+# -- QAttention ---------------------------------------------------------------------------------------------
+
+
+@kernel("QAttention", since=1, domain=MS)
+class QAttention(Attention):
+    """Attention on a quantized projection (quantize_dynamic of a BERT/GPT-2 Attention): the integer product
+    (input - input_zero_point) · (weight - weight_zero_point), exact, scaled by input_scale x weight_scale
+    (per tensor or per column), plus the float bias; then Attention's masks (1-D key end positions, or any
+    other mask_index form), past/present, `unidirectional`, `scale`, `mask_filter_value` and `do_rotary`."""
+
+    def run(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        input_scale: torch.Tensor,
+        weight_scale: torch.Tensor,
+        mask_index: torch.Tensor | None = None,
+        input_zero_point: torch.Tensor | None = None,
+        weight_zero_point: torch.Tensor | None = None,
+        past: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        dtype = bias.dtype
+        wide = _wide(bias)
+        if input_scale.numel() != 1:
+            raise ValueError(f"{self.op_type}: input_scale must be a scalar (per-tensor quantization), got {list(input_scale.shape)}")
+        xq = x.to(torch.int64)
+        if input_zero_point is not None:
+            xq = xq - input_zero_point.to(torch.int64).reshape(())
+        wq = weight.to(torch.int64)
+        if weight_zero_point is not None:
+            wq = wq - weight_zero_point.to(torch.int64).reshape(-1)
+        # float64 holds every integer product and sum of these sizes exactly (|acc| < 2**53)
+        acc = torch.matmul(xq.to(torch.float64), wq.to(torch.float64))
+        scale = input_scale.to(wide).reshape(()) * weight_scale.to(wide).reshape(-1)
+        qkv = acc.to(wide) * scale + bias.to(wide)
+        q, k, v = qkv.split(self._sizes(weight), dim=-1)
+        return self.attend(q, k, v, dtype, mask_index, past, None, None)
