@@ -240,7 +240,7 @@ def _mha(
             inputs["bias"] = _randn(g, 2 * d + dv, dtype=dtype, scale=0.5)
         if mask is not None:
             inputs["key_padding_mask"] = mask(g)
-        total = (past + L) if not share else past + L
+        total = past + L
         if attn_bias is not None:
             inputs["attention_bias"] = _randn(g, attn_bias[0], attn_bias[1], seq, total, dtype=dtype)
         if past or share:
@@ -660,3 +660,71 @@ _case("per-column", "QAttention", _qattention(per_column=True))
 _case("int8-input", "QAttention", _qattention(signed_input=True, per_column=True), providers=("CUDA",))
 _case("no-zero-points-mask", "QAttention", _qattention(zero_points=False, mask=lambda g: _ints([2, 3]), scale=0.3))
 _case("past-unidirectional", "QAttention", _qattention(past=2, unidirectional=1, mask_filter_value=-50.0, mask=lambda g: _ints([[1, 1, 1, 0, 1], [0, 1, 1, 1, 1]])))
+
+
+# -- CUDA-only ops: DecoderMaskedSelfAttention, PackedAttention, PackedMultiHeadAttention --------------------
+
+
+def _dmsa(*, batch: int = 2, heads: int = 2, head: int = 16, past: int = 3, buffer: int = 6, beams: int = 0, mask: bool = False, seed: int = 7, **attrs: Any) -> Builder:
+    def make(dtype: str) -> tuple[dict[str, Any], Outputs, dict[str, Any]]:
+        g = _gen(seed)
+        d = heads * head
+        rows = batch * max(beams, 1)
+        inputs: dict[str, Any] = {
+            "input": _randn(g, rows, 1, d, dtype=dtype),
+            "weights": _randn(g, d, 3 * d, dtype=dtype, scale=0.3),
+            "bias": _randn(g, 3 * d, dtype=dtype, scale=0.2),
+            "mask_index": _ints([[1] * (past - 1) + [0, 1]] * rows) if mask else None,
+            "past": _randn(g, 2, rows, heads, buffer, head, dtype=dtype),
+            "attention_bias": None,
+            "past_sequence_length": _ints([past]),
+            "beam_width": _ints([beams]) if beams else None,
+            "cache_indirection": torch_randint(g, beams, (batch, beams, buffer)) if beams else None,
+        }
+        return inputs, {"output": (dtype, 3), "present": (dtype, 5)}, {"num_heads": heads, "past_present_share_buffer": 1, **attrs}
+
+    return make
+
+
+def _packed(*, op: str, lengths: tuple[int, ...] = (2, 4, 1), seq: int = 4, heads: int = 2, head: int = 8, packed_qkv: bool = False, attn_bias: bool = False, seed: int = 8, **attrs: Any) -> Builder:
+    def make(dtype: str) -> tuple[dict[str, Any], Outputs, dict[str, Any]]:
+        g = _gen(seed)
+        d = heads * head
+        count = sum(lengths)
+        offsets = [b * seq + s for b, n in enumerate(lengths) for s in range(n)]
+        offsets += [b * seq + s for b, n in enumerate(lengths) for s in range(n, seq)]
+        cumulative = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+        inputs: dict[str, Any]
+        if op == "PackedAttention":
+            inputs = {"input": _randn(g, count, 12, dtype=dtype), "weights": _randn(g, 12, 3 * d, dtype=dtype, scale=0.3), "bias": _randn(g, 3 * d, dtype=dtype, scale=0.2)}
+        elif packed_qkv:
+            inputs = {"query": _randn(g, count, heads, 3, head, dtype=dtype), "key": None, "value": None, "bias": _randn(g, 3 * d, dtype=dtype, scale=0.2)}
+        else:
+            inputs = {"query": _randn(g, count, d, dtype=dtype), "key": _randn(g, count, d, dtype=dtype), "value": _randn(g, count, d, dtype=dtype), "bias": None}
+        inputs["token_offset"] = _ints([offsets[i * seq : (i + 1) * seq] for i in range(len(lengths))])
+        inputs["cumulative_sequence_length"] = _ints(cumulative)
+        inputs["attention_bias"] = _randn(g, 1, heads, seq, seq, dtype=dtype) if attn_bias else None
+        return inputs, {"output": (dtype, 2)}, {"num_heads": heads, **attrs}
+
+    return make
+
+
+_CUDA = ("CUDA",)
+_case("step", "DecoderMaskedSelfAttention", _dmsa(), providers=_CUDA)
+_case("mask-scale", "DecoderMaskedSelfAttention", _dmsa(mask=True, scale=0.3), providers=_CUDA)
+_case("beam-search", "DecoderMaskedSelfAttention", _dmsa(batch=1, beams=2), providers=_CUDA)
+_case("rotary", "DecoderMaskedSelfAttention", _dmsa(head=32, do_rotary=1), providers=_CUDA)
+_case("basic", "PackedAttention", _packed(op="PackedAttention"), providers=_CUDA)
+_case("attention-bias", "PackedAttention", _packed(op="PackedAttention", attn_bias=True, scale=0.4), providers=_CUDA)
+_case("separate", "PackedMultiHeadAttention", _packed(op="PackedMultiHeadAttention"), providers=_CUDA)
+_case("packed-qkv-bias", "PackedMultiHeadAttention", _packed(op="PackedMultiHeadAttention", packed_qkv=True, attn_bias=True), providers=_CUDA)
+
+# bfloat16: onnxruntime's CPU provider has none of these ops in bfloat16; its CUDA provider has
+# MultiHeadAttention, GroupQueryAttention and RotaryEmbedding
+_BF16 = ("bfloat16",)
+_case("basic", "MultiHeadAttention", _mha(bias=True, attn_bias=(1, 2)), dtypes=_BF16)
+_case("past", "MultiHeadAttention", _mha(past=4, unidirectional=1), dtypes=_BF16)
+_case("decode", "GroupQueryAttention", _gqa(buffer=8, total=8, seqlens=(6, 3), rotary=16), dtypes=_BF16)
+_case("prompt", "GroupQueryAttention", _gqa(seq=4, buffer=0, seqlens=(4, 4), local_window_size=2, softcap=3.0), dtypes=_BF16)
+_case("3d", "RotaryEmbedding", _rotary(num_heads=2, positions="ids"), dtypes=_BF16)
+_case("4d-interleaved", "RotaryEmbedding", _rotary(shape=(2, 2, 3, 16), interleaved=1), dtypes=_BF16)

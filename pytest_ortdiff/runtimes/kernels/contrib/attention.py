@@ -835,7 +835,7 @@ class RotaryEmbedding(Kernel):
         op = self.op_type
         wide = _wide(x)
         if x.dim() == 4:
-            batch, heads, seq, head = x.shape
+            batch, _, seq, head = x.shape
             xh = x.to(wide)
         elif x.dim() == 3:
             batch, seq, hidden = x.shape
@@ -1046,3 +1046,191 @@ class QAttention(Attention):
         qkv = acc.to(wide) * scale + bias.to(wide)
         q, k, v = qkv.split(self._sizes(weight), dim=-1)
         return self.attend(q, k, v, dtype, mask_index, past, None, None)
+
+
+# -- DecoderMaskedSelfAttention (CUDA only in onnxruntime) -------------------------------------------------
+
+
+def _key_chunk(dtype: torch.dtype) -> int:
+    """x of the reordered key cache (B, N, H / x, M, x): 16 bytes of the model's element type."""
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
+def _key_cache_read(buffer: torch.Tensor, x: int) -> torch.Tensor:
+    """(B, N, M, H) keys from a buffer whose memory is (B, N, H / x, M, x) (viewed as (B, N, M, H))."""
+    b, n, m, h = buffer.shape
+    return buffer.reshape(b, n, h // x, m, x).transpose(2, 3).reshape(b, n, m, h)
+
+
+def _key_cache_write(keys: torch.Tensor, x: int) -> torch.Tensor:
+    """The inverse of _key_cache_read: (B, N, M, H) keys laid out as (B, N, H / x, M, x)."""
+    b, n, m, h = keys.shape
+    return keys.reshape(b, n, m, h // x, x).transpose(2, 3).reshape(b, n, m, h)
+
+
+@kernel("DecoderMaskedSelfAttention", since=1, domain=MS)
+class DecoderMaskedSelfAttention(Attention):
+    """One GPT-2 decoding step (onnxruntime's beam search on CUDA): Attention's packed projection of one token,
+    past/present (2, B, N, M, H) sharing one buffer written at `past_sequence_length`, its key half laid out
+    (B, N, H / x, M, x) with x = 16 bytes of the element type (as the schema says; without
+    `past_present_share_buffer`, a plain (2, B, N, P, H) past), `mask_index` (B, T) 0/1 with
+    `mask_filter_value`, `attention_bias`, `cache_indirection` for beam search, `scale`, `do_rotary`.
+    The float64 oracle refuses the shared buffer: its key layout depends on the model's element size,
+    which a kernel computing in float64 does not see."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
+        super().__init__(node, ctx)
+        if self.share_buffer and ctx.compute_dtype == torch.float64:
+            raise UnsupportedVariantError(
+                f"{self.op_type}: the shared key cache is reordered in chunks of 16 bytes of the model's element "
+                "type, which the float64 oracle does not see; run this node with kernels={...: 'ort'} in the oracle"
+            )
+
+    def run(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        bias: torch.Tensor,
+        mask_index: torch.Tensor | None,
+        past: torch.Tensor,
+        attention_bias: torch.Tensor | None,
+        past_sequence_length: torch.Tensor,
+        beam_width: torch.Tensor | None = None,
+        cache_indirection: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        op = self.op_type
+        if x.dim() != 3 or x.shape[1] != 1:
+            raise ValueError(f"{op}: input must be (batch, 1, hidden): one token a step, got {list(x.shape)}")
+        wide = _wide(x)
+        q, k, v = _projection(x, weights, bias, self._sizes(weights), wide)
+        chunk = _key_chunk(x.dtype) if self.share_buffer else 0
+        n = self.num_heads
+        qh, kh, vh = _bnsh(q, n, "Q"), _bnsh(k, n, "K"), _bnsh(v, n, "V")
+        head = qh.shape[-1]
+        past_len = _int(past_sequence_length, f"{op}: past_sequence_length") if self.share_buffer else past.shape[3]
+        total = past_len + 1
+        if self.do_rotary:
+            rot = self.rotary_dim or head
+            cos, sin = _theta_caches(total, rot, x.device, wide)
+            pos = torch.full((x.shape[0], 1), past_len, device=x.device)
+            qh = _rotate_bnsh(qh, cos[pos], sin[pos], True)
+            kh = _rotate_bnsh(kh, cos[pos], sin[pos], True)
+        pk, pv = past[0].to(wide), past[1].to(wide)
+        if chunk:
+            pk = _key_cache_read(pk, chunk)
+        cache_k, cache_v = pk[:, :, :past_len], pv[:, :, :past_len]
+        if cache_indirection is not None:
+            if beam_width is not None and _int(beam_width, "beam_width") != cache_indirection.shape[1]:
+                raise ValueError(f"{op}: beam_width differs from cache_indirection's {cache_indirection.shape[1]} beams")
+            cache_k = _beam_gather(cache_k, cache_indirection, past_len, op)
+            cache_v = _beam_gather(cache_v, cache_indirection, past_len, op)
+        keys, values = torch.cat((cache_k, kh), dim=2), torch.cat((cache_v, vh), dim=2)
+        if self.share_buffer:
+            pk, pv = pk.clone(), pv.clone()
+            pk[:, :, past_len:total] = kh
+            pv[:, :, past_len:total] = vh
+            present = torch.stack((_key_cache_write(pk, chunk), pv))
+        else:
+            present = torch.stack((torch.cat((pk, kh), dim=2), torch.cat((pv, vh), dim=2)))
+        bias_ = _mask_bias(
+            mask_index, batch=x.shape[0], q_len=1, kv_len=1, total=total, past=past_len,
+            filter_value=self.mask_filter_value, dtype=wide, op=op,
+        )
+        bias_ = _add(bias_, _attention_bias(attention_bias, wide, op, total))
+        out, _, _ = _attend(qh, keys, values, _scale(self.scale_attr, head), bias_)
+        return _bsd(out).to(x.dtype), present.to(x.dtype)
+
+
+# -- PackedAttention, PackedMultiHeadAttention (CUDA only in onnxruntime) ----------------------------------
+
+
+def _unpack(tokens: torch.Tensor, token_offset: torch.Tensor, cumulative: torch.Tensor, op: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token_count, ...) real tokens -> (B, S, ...) padded (zeros in the padding), the flat padded index of
+    each real token, and the [B, 1, 1, S] mask of the keys each sequence holds."""
+    if token_offset.dim() != 2:
+        raise ValueError(f"{op}: token_offset must be (batch_size, sequence_length), got {list(token_offset.shape)}")
+    batch, seq = token_offset.shape
+    lengths = (cumulative[1:] - cumulative[:-1]).to(torch.int64)
+    if lengths.numel() != batch:
+        raise ValueError(f"{op}: cumulative_sequence_length must have batch_size + 1 = {batch + 1} entries, got {cumulative.numel()}")
+    count = tokens.shape[0]
+    if int(cumulative[-1]) != count:
+        raise ValueError(f"{op}: cumulative_sequence_length ends at {int(cumulative[-1])}, the input has {count} tokens")
+    where = token_offset.reshape(-1)[:count].to(torch.int64)
+    padded = torch.zeros(batch * seq, *tokens.shape[1:], dtype=tokens.dtype, device=tokens.device)
+    padded[where] = tokens
+    keep = torch.arange(seq, device=tokens.device).reshape(1, -1) < lengths.reshape(-1, 1)
+    return padded.reshape(batch, seq, *tokens.shape[1:]), where, keep.reshape(batch, 1, 1, seq)
+
+
+def _packed_attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, where: torch.Tensor,
+    attention_bias: torch.Tensor | None, heads: int, scale: float, op: str,
+) -> torch.Tensor:
+    """Attention of padded (B, S, D) Q/K/V within each sequence, back to the (token_count, D_v) real tokens."""
+    qh, kh, vh = _bnsh(q, heads, "query"), _bnsh(k, heads, "key"), _bnsh(v, heads, "value")
+    bias = _add(_neg_inf_where(~keep, q.dtype), _attention_bias(attention_bias, q.dtype, op, q.shape[1]))
+    out, _, _ = _attend(qh, kh, vh, _scale(scale, qh.shape[-1]), bias)
+    return _bsd(out).reshape(-1, out.shape[1] * out.shape[-1])[where]
+
+
+@kernel("PackedAttention", since=1, domain=MS)
+class PackedAttention(Attention):
+    """Attention on padding-free input (token_count, D_in): the tokens of sequence b are rows
+    cumulative_sequence_length[b] .. [b + 1], token_offset places them in the padded (B, S) grid; each token
+    attends its own sequence's tokens; packed projection weights and bias (`qkv_hidden_sizes`),
+    `attention_bias` (B or 1, N or 1, S, S) over padded positions, `scale`."""
+
+    def run(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        bias: torch.Tensor,
+        token_offset: torch.Tensor,
+        cumulative_sequence_length: torch.Tensor,
+        attention_bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        if x.dim() != 2:
+            raise ValueError(f"{self.op_type}: input must be (token_count, hidden), got {list(x.shape)}")
+        q, k, v = _projection(x, weights, bias, self._sizes(weights), _wide(x))
+        qkv, where, keep = _unpack(torch.cat((q, k, v), dim=-1), token_offset, cumulative_sequence_length, self.op_type)
+        q, k, v = qkv.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
+        out = _packed_attend(q, k, v, keep, where, attention_bias, self.num_heads, self.scale_attr, self.op_type)
+        return (out.to(x.dtype),)
+
+
+@kernel("PackedMultiHeadAttention", since=1, domain=MS)
+class PackedMultiHeadAttention(_FusedBase):
+    """MultiHeadAttention on padding-free tokens: query/key/value (token_count, D) or packed QKV
+    (token_count, N, 3, H), the projection `bias`, token_offset/cumulative_sequence_length as for
+    PackedAttention, `attention_bias`, `scale`. Each token attends its own sequence, so nothing is ever
+    masked by value: `mask_filter_value` has no input to act on."""
+
+    def run(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        token_offset: torch.Tensor,
+        cumulative_sequence_length: torch.Tensor,
+        attention_bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        op = self.op_type
+        wide = _wide(query)
+        n = self.num_heads
+        if query.dim() == 4:  # packed (token_count, N, 3, H)
+            if key is not None or value is not None:
+                raise ValueError(f"{op}: with packed QKV (a 4-D query) key and value must be omitted")
+            h = query.shape[-1]
+            parts = [query[:, :, i].reshape(query.shape[0], n * h).to(wide) for i in range(3)]
+        elif key is not None and value is not None:
+            parts = [query.to(wide), key.to(wide), value.to(wide)]
+        else:
+            raise ValueError(f"{op}: give query, key and value (token_count, hidden), or packed QKV (token_count, num_heads, 3, head)")
+        for i, b in enumerate(_split_bias(bias, parts[0].shape[-1], parts[1].shape[-1], wide)):
+            parts[i] = _plus(parts[i], b)
+        qkv, where, keep = _unpack(torch.cat(parts, dim=-1), token_offset, cumulative_sequence_length, op)
+        q, k, v = qkv.split([p.shape[-1] for p in parts], dim=-1)
+        out = _packed_attend(q, k, v, keep, where, attention_bias, n, self.scale_attr, op)
+        return (out.to(query.dtype),)
