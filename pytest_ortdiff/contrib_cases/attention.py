@@ -8,7 +8,7 @@ and are checked on the CPU against a float64 numpy reference in tests/test_contr
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import ContribCase
@@ -26,7 +26,7 @@ _ONNX_TYPE = {
 Feeds = dict[str, Any]
 
 
-def _one_node(op: str, inputs: dict[str, Any], outputs: dict[str, tuple[str, int] | None], attrs: dict[str, Any]) -> Any:
+def _one_node(op: str, inputs: Mapping[str, Any], outputs: Mapping[str, tuple[str, int] | None], attrs: Mapping[str, Any]) -> Any:
     """The one-node com.microsoft model: graph inputs typed after `inputs` (None: an omitted optional
     input), outputs name -> (element type, rank) with symbolic dims (None: an output not asked for)."""
     import onnx

@@ -111,10 +111,8 @@ def _attend(
 
 
 def _scale(attr: float, head_size: int) -> float:
-    """The `scale` attribute, 0 (absent) meaning 1/sqrt(head_size); as float32 like the attribute."""
-    if attr:
-        return attr
-    return float(torch.tensor(1.0 / math.sqrt(head_size), dtype=torch.float32))
+    """The `scale` attribute, 0 (absent) meaning 1/sqrt(head_size)."""
+    return attr if attr else 1.0 / math.sqrt(head_size)
 
 
 def _neg_inf_where(disallowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -1053,7 +1051,7 @@ class QAttention(Attention):
 
 def _key_chunk(dtype: torch.dtype) -> int:
     """x of the reordered key cache (B, N, H / x, M, x): 16 bytes of the model's element type."""
-    return 16 // torch.empty((), dtype=dtype).element_size()
+    return 16 // dtype.itemsize
 
 
 def _key_cache_read(buffer: torch.Tensor, x: int) -> torch.Tensor:
