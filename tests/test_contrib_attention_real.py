@@ -238,3 +238,51 @@ def test_float16_conversion_matches_onnxruntime_within_its_rounding(graphs: Any,
         # two float16 ulps of the largest output (ulp 2^-10 relative): both round the same float32 sums
         scale = float(g.abs().max())
         np.testing.assert_allclose(o.float().numpy(), g.float().numpy(), rtol=0, atol=2 * 2**-10 * scale)
+
+
+# -- onnxruntime-genai's model builder (optional: onnxruntime-genai and transformers are not dependencies) ----
+
+
+@pytest.fixture(scope="module")
+def genai_llama(tmp_path_factory: pytest.TempPathFactory) -> onnx.ModelProto:
+    """A 2-layer Llama (4 query heads on 2 KV heads, random weights, a word-level tokenizer made here) through
+    onnxruntime-genai's builder for CPU in float32: GroupQueryAttention with packed QKV and rotary inside."""
+    pytest.importorskip("onnxruntime_genai")
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    import contextlib
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, head_dim=16,
+    )
+    with contextlib.redirect_stderr(io.StringIO()):
+        transformers.LlamaForCausalLM(config).save_pretrained(folder / "hf")
+    vocab = {f"t{i}": i for i in range(64)}
+    word = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="t0"))
+    word.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=word, unk_token="t0", bos_token="t1", eos_token="t2", pad_token="t3").save_pretrained(folder / "hf")
+    subprocess.run(
+        [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder / "hf"), "-o", str(folder / "onnx"), "-p", "fp32", "-e", "cpu", "-c", str(folder / "cache")],
+        check=True, capture_output=True,
+    )
+    return onnx.load(str(folder / "onnx" / "model.onnx"))
+
+
+@pytest.mark.parametrize(("batch", "seq", "past", "left_pad"), [(2, 5, 0, 0), (2, 1, 4, 0), (2, 1, 4, 2)])
+def test_genai_group_query_attention_matches_onnxruntime(genai_llama: onnx.ModelProto, batch: int, seq: int, past: int, left_pad: int) -> None:
+    """The prompt and decode steps (a past of 4; left padding through the attention mask's seqlens_k)."""
+    assert collections.Counter(n.op_type for n in genai_llama.graph.node)["GroupQueryAttention"] == 2
+    g = torch.Generator().manual_seed(past + left_pad)
+    feeds: dict[str, torch.Tensor] = {"input_ids": torch.randint(0, 64, (batch, seq), generator=g), "attention_mask": torch.ones(batch, past + seq, dtype=torch.int64)}
+    feeds["attention_mask"][1, :left_pad] = 0
+    for layer in range(2):
+        for kind in ("key", "value"):
+            feeds[f"past_key_values.{layer}.{kind}"] = torch.randn(batch, 2, past, 16, generator=g)
+    ours, ort = _ours_and_ort(genai_llama, feeds)
+    for o, r in zip(ours, ort, strict=True):
+        np.testing.assert_allclose(o.numpy(), r.numpy(), rtol=1e-5, atol=1e-6)  # measured: <= 1.5e-7
