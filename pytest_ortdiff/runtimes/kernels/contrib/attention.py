@@ -488,8 +488,6 @@ class _MultiHeadBase(_FusedBase):
         past_value: torch.Tensor | None,
         past_sequence_length: torch.Tensor | None,
         cache_indirection: torch.Tensor | None,
-        *,
-        qk_scaled: bool = True,
     ) -> tuple[torch.Tensor | None, ...]:
         """output, present_key, present_value, qk (the scores before softmax) from heads-first Q/K/V."""
         op = self.op_type
@@ -894,11 +892,10 @@ class DecoderMaskedMultiHeadAttention(_MultiHeadBase):
         q, k, v, kv_is_cache = self._heads(query, key, value, bias, wide)
         if cache_indirection is not None and beam_width is not None and _int(beam_width, "beam_width") != cache_indirection.shape[1]:
             raise ValueError(f"{self.op_type}: beam_width {_int(beam_width, 'beam_width')} differs from cache_indirection's {cache_indirection.shape[1]} beams")
-        outputs = self._core(
+        return self._core(
             q, k, v, kv_is_cache, query.dtype, mask_index, attention_bias, past_key, past_value,
             past_sequence_length, cache_indirection,
         )
-        return outputs
 
 
 # -- SparseAttention --------------------------------------------------------------------------------------
