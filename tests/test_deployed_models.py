@@ -49,16 +49,17 @@ def test_every_deployed_form_runs_on_torch_kernels_and_matches_onnxruntime(form:
 @pytest.mark.parametrize("form", sorted(DEPARTS))
 def test_where_onnxruntime_departs_on_purpose_blame_names_the_op(form: str, deployed: Deployed) -> None:
     """MatMulNBits at accuracy_level 4: onnxruntime computes with int8-quantized activations, the evaluator
-    the op's meaning (float activations): the check fails by that much and blame's culprit is a MatMulNBits."""
+    the op's meaning (float activations): the check fails by that much, swapping every MatMulNBits to
+    onnxruntime explains the whole gap (each one alone a share of it), the report names the departure, and
+    the torch evaluator is the closer to the float64 oracle."""
     path = deployed(form)
     feeds = dm.feeds(path)
     with pytest.raises(ToleranceBroken) as info:
         Checker("CPU", "float32").check(path, feeds, blame=True)
-    result = info.value.result
-    assert result.blame is not None and result.blame.culprit is not None
-    assert result.blame.culprit.op_type == DEPARTS[form]
-    assert result.blame.op_rows[0].op_type == DEPARTS[form]
-    assert f"({DEPARTS[form]})" in str(info.value)
+    table = info.value.result.blame
+    assert table is not None and table.op_rows[0].op_type == DEPARTS[form] and table.op_rows[0].explained > 0.9
+    assert table.closer_to_oracle == "torch"
+    assert f"{DEPARTS[form]} accuracy_level=4: onnxruntime quantizes A to int8" in str(info.value)
 
 
 def test_a_qdq_model_matches_as_written_and_check_optimization_names_the_fusing_level(deployed: Deployed) -> None:
