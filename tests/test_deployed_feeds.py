@@ -139,3 +139,32 @@ def test_a_past_for_a_model_without_one_and_an_unknown_dim_are_refused_with_the_
     with pytest.raises(ValueError, match=r"hidden \(axis 2 of 'query'\).*dims="):
         transformer_feeds(model)
     assert transformer_feeds(model, dims={"hidden": 32})["query"].shape == (1, 8, 32)
+
+
+def test_optimums_summed_dim_names_and_position_ids_of_a_decode_step() -> None:
+    """optimum's decoder export names the mask's and the present's length "past_sequence_length +
+    sequence_length" and takes position_ids: a step after 5 cached tokens is a mask of 6, positions [5]."""
+    f, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    total = "past_sequence_length + sequence_length"
+    graph = oh.make_graph(
+        [
+            oh.make_node("Shape", ["attention_mask"], ["mask_shape"]),
+            oh.make_node("Concat", ["past_key_values.0.key", "past_key_values.0.key"], ["present.0.key"], axis=2),
+            oh.make_node("Identity", ["position_ids"], ["positions"]),
+        ],
+        "optimum_like",
+        [
+            oh.make_tensor_value_info("input_ids", i64, ["batch_size", "sequence_length"]),
+            oh.make_tensor_value_info("attention_mask", i64, ["batch_size", total]),
+            oh.make_tensor_value_info("position_ids", i64, ["batch_size", "sequence_length"]),
+            oh.make_tensor_value_info("past_key_values.0.key", f, ["batch_size", 2, "past_sequence_length", 16]),
+        ],
+        [oh.make_tensor_value_info(n, t, None) for n, t in (("mask_shape", i64), ("present.0.key", f), ("positions", i64))],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
+    feeds = transformer_feeds(model, batch=2, sequence=1, past=5, vocab=128)
+    assert {k: tuple(v.shape) for k, v in feeds.items()} == {
+        "input_ids": (2, 1), "attention_mask": (2, 6), "position_ids": (2, 1), "past_key_values.0.key": (2, 2, 5, 16)}
+    assert feeds["position_ids"].tolist() == [[5], [5]]
+    shape, present, _ = _session(model).run(None, _np(feeds))
+    assert shape.tolist() == [2, 6] and present.shape == (2, 2, 10, 16)

@@ -128,8 +128,8 @@ def transformer_feeds(
       the last token, not a length) and `total_sequence_length` = `past + sequence` (int32 scalar);
     - anything else as `random_feeds` draws it.
 
-    A symbolic dim is resolved from `dims` first, then by its name (batch..., past..., total..., sequence...),
-    then by the input it shapes; genai's `kv_cache_dim` (the head size) from the genai_config.json beside a
+    A symbolic dim is resolved from `dims` first, then by its name (batch..., past..., total..., sequence...,
+    and a sum of such names, optimum's "past_sequence_length + sequence_length"), then by the input it shapes; genai's `kv_cache_dim` (the head size) from the genai_config.json beside a
     model given by its path. A dim left unknown is an error naming it and `dims=`.
     """
     m = load_model(model)
@@ -192,6 +192,10 @@ def _dim(param: str, role: str, axis: int, known: Mapping[str, int], *, batch: i
     """The size of a symbolic dim: given, by its name, else by the role of the input it shapes."""
     if param in known:
         return int(known[param])
+    if "+" in param:  # optimum's "past_sequence_length + sequence_length": the sum of its terms
+        terms = [t.strip() for t in param.split("+")]
+        sizes = [int(t) if t.isdigit() else _dim(t, role, axis, known, batch=batch, sequence=sequence, past=past, total=total) for t in terms]
+        return None if any(x is None for x in sizes) else sum(x for x in sizes if x is not None)
     low = param.lower()
     if "batch" in low:
         return batch
