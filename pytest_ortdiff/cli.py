@@ -554,6 +554,9 @@ def _precision(args: argparse.Namespace) -> int:
     except (_CompareError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except NotImplementedError as exc:  # MissingKernelError: one line, not a traceback (its message lists every known op)
+        print(f"error: {str(exc).split(';')[0]}; the audit and the keep-in-float32 search run every node on torch kernels", file=sys.stderr)
+        return 2
     assert report.audit is not None
     print(f"{args.model}: {args.samples} input(s), dims {dims}, seed {args.seed}\n\n{report.audit.render()}\n\n{report.render()}")
     if args.write_converted:

@@ -205,3 +205,21 @@ def test_blame_passes_over_dead_code() -> None:
     table = Checker("CPU", "float32").blame(model, feeds, kernels={"tanh": lambda x: torch.tanh(x) * 1.01})
     assert len(table.rows) == 5 and table.culprit is not None and table.culprit.node == "tanh"
     assert all(r.explained == 0 for r in table.rows if r.node.startswith("dead_"))
+
+
+def test_the_precision_command_names_an_op_without_a_kernel_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cli: Any) -> None:
+    """`precision MODEL` on a graph with an op the evaluator has no kernel for printed a traceback."""
+    import importlib
+
+    from pytest_ortdiff import models
+    from pytest_ortdiff.runtimes.evaluator import MissingKernelError
+
+    def no_kernel(*args: Any, **kwargs: Any) -> Any:
+        raise MissingKernelError("no torch kernel for com.microsoft::Foo (opset 1); run it on onnxruntime: ...; known ops: Abs, ...", ("com.microsoft::Foo",))
+
+    monkeypatch.setattr(importlib.import_module("pytest_ortdiff.precision.keep"), "keep_float32", no_kernel)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(models.mlp(), str(path))
+    result = cli("precision", str(path), "--dim", "batch=2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "error: no torch kernel for com.microsoft::Foo (opset 1); the audit and the keep-in-float32 search run every node on torch kernels"
