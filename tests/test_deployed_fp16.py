@@ -154,3 +154,11 @@ def test_the_float16_compute_dtype_is_in_the_failure_report_and_no_other_dtype_w
         Checker("CPU", "float32").check(path, feeds, tolerance=(0.0, 0.0))
     with pytest.warns(OrtDiffDtypeWarning, match=r"this case is bfloat16"):
         Checker("CPU", "bfloat16").check(path, feeds)
+
+
+def test_blame_judges_a_float16_model_behind_float32_io_as_float16(deployed: Callable[[str], Path]) -> None:
+    from pytest_ortdiff import Checker
+
+    model = onnx.load(str(deployed("llama-dynamo-fp16")))
+    table = Checker("CPU", "float32").blame(model, transformer_feeds(model))
+    assert table.dtype == "float16"
