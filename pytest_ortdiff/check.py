@@ -162,6 +162,8 @@ class CheckResult:
     closer: Literal["onnxruntime", "torch", "tie"] | None = None
     blame: BlameTable | None = None
     model: str = ""
+    #: what the gate did to accept the model (CheckedModel.notes), one short line each
+    notes: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -203,7 +205,7 @@ class CheckResult:
         if not lines:
             lines.append(f"ortdiff: {self.judgements[0].title} {self.provider} {self.dtype}: passed ({self.tolerance.describe()})")
             lines.append(self.report.render())
-        extra = [self.closer_line() if not self.passed else None, self.ran_on_ort_line(), self.blame.render() if self.blame is not None else None]
+        extra = [self.closer_line() if not self.passed else None, self.ran_on_ort_line(), *(f"note: {n}" for n in self.notes), self.blame.render() if self.blame is not None else None]
         lines += [x for x in extra if x]
         return "\n".join(lines)
 
@@ -211,7 +213,7 @@ class CheckResult:
         """The summary rows of this check: one per judgement; the first that failed carries the blame table,
         if any (its top rows: `BlameTable.TOP`; with reference="float64", `[ort vs float64]` may have passed
         where `[torch vs float64]` failed)."""
-        rows = [row_for(j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort) for j in self.judgements]
+        rows = [row_for(j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort, notes=self.notes) for j in self.judgements]
         if self.blame is not None and rows:
             at = next((i for i, j in enumerate(self.judgements) if not j.passed), 0)
             rows[at] = replace(rows[at], blame=self.blame.to_dict(top=self.blame.TOP))
@@ -229,6 +231,7 @@ def row_for(
     describe: str | None = None,
     worst: str | None = None,
     ran_on_ort: tuple[str, ...] = (),
+    notes: tuple[str, ...] = (),
 ) -> CheckRow:
     """A summary row for one DiffReport judged by `tolerance`. Its worst line says where the report stands
     against each rule the tolerance states (`report.worst_line`); `worst` replaces it (and the numbers,
@@ -249,6 +252,7 @@ def row_for(
         report=report.to_dict(),
         suffix=suffix,
         ran_on_ort=ran_on_ort,
+        notes=notes,
     )
 
 
@@ -471,6 +475,7 @@ class Checker:
             ran_on_ort=ran_on_ort,
             closer=closer,
             model=m.graph.name,
+            notes=checked.notes,
         )
         if not result.passed:
             if blame:
