@@ -41,7 +41,9 @@ def _bias_split_gelu(dtype: str) -> tuple[Any, dict[str, Any]]:
 def _bias_softmax(dtype: str, *, inner: int, axis: int = 3) -> tuple[Any, dict[str, Any]]:
     b, h, s = 2, 3, 8
     data = randn(b, h, s, s, dtype=dtype, seed=6, scale=3.0)
-    bias = randn(b, 1, s, s, dtype=dtype, seed=7, scale=3.0) if inner else randn(h, s, s, dtype=dtype, seed=7, scale=3.0)
+    # inner: a padding mask per sample ([B, 1, 1, S]: the axes before `axis` broadcast at the end); outer: one
+    # bias for every sample ([H, S, S]: the leading axes broadcast)
+    bias = randn(b, 1, 1, s, dtype=dtype, seed=7, scale=3.0) if inner else randn(h, s, s, dtype=dtype, seed=7, scale=3.0)
     return one_node("BiasSoftmax", MS, [("data", data), ("bias", bias)], [("output", ELEM[dtype], 4)], {"is_inner_broadcast": inner, "axis": axis})
 
 

@@ -95,10 +95,10 @@ class BiasSplitGelu(Kernel):
 @kernel("BiasSoftmax", since=1, domain=MS)
 class BiasSoftmax(Kernel):
     """Y = softmax(data + bias) over the axes from `axis` on (flattened, as Softmax before opset 13), the
-    bias broadcast over the batch (the axes before `axis`): with is_inner_broadcast=1 bias row r serves the
-    consecutive batch rows r*k .. r*k+k-1 (bias [B, 1, S, S] against data [B, H, S, S]: one mask per
-    sample), else the rows r, r+R, r+2R, ... (bias [H, S, S]: the same bias for every sample). onnxruntime
-    runs it on CUDA only."""
+    bias broadcast over the batch (the axes before `axis`, R rows of the bias against N of data): with
+    is_inner_broadcast=1 bias row r serves the N/R consecutive data rows from r*N/R on (the axes just before
+    `axis` broadcast: a padding mask [B, 1, 1, S] against scores [B, H, S, S]), else the rows r, r+R, r+2R, ...
+    (the leading axes broadcast: [H, S, S] for every sample). onnxruntime runs it on CUDA only."""
 
     def __init__(self, node: onnx.NodeProto, ctx: KernelContext) -> None:
         super().__init__(node, ctx)
