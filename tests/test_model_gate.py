@@ -194,3 +194,18 @@ def test_optimized_exports_run_in_the_evaluator(name: str, float16: bool, tmp_pa
     if not result.ran_on_ort:  # (the oracle cannot send a float64 Attention to onnxruntime: that op needs its own kernel)
         oracle = Checker("CPU", "float32").check(model, feeds, tolerance={"atol": 1e-2, "rtol": 1e-2}, reference="float64")
         assert oracle.passed
+
+
+def test_the_command_line_says_it_sorted_the_graph(fresh_gate: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_ortdiff.cli import main
+
+    graph = helper.make_graph(
+        [helper.make_node("Tanh", ["t"], ["y"]), helper.make_node("Add", ["x", "x"], ["t"])],  # Add listed after its reader
+        "g",
+        [helper.make_tensor_value_info("x", 1, [2, 3])],
+        [helper.make_tensor_value_info("y", 1, [2, 3])],
+    )
+    path = tmp_path / "unsorted.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    assert main(["compare", str(path), "--provider", "cpu"]) == 0
+    assert f"note: {SORTED_NOTE}\n" in capsys.readouterr().out
