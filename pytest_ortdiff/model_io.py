@@ -425,9 +425,12 @@ def _check_large(model: onnx.ModelProto, path: Path, subject: str) -> CheckedMod
 # accepting what onnxruntime accepts
 
 #: onnx.checker's complaints that onnxruntime does not share: a node before the nodes it reads from (the
-#: checker's own words), an op of a checked domain without an onnx schema at the model's opset
+#: checker's own words), an op of a checked domain without an onnx schema at the model's opset, a node of a
+#: domain the model does not import (onnxruntime imports the domains it knows itself, at their latest
+#: version: the optimizer's in-memory model has com.microsoft nodes and no com.microsoft import)
 _UNSORTED = "Nodes in a graph must be topologically sorted"
 _NO_SCHEMA = "No Op registered for "
+_NO_IMPORT = "No opset import for domain "
 #: the domain the second look moves ops onnxruntime knows into: one onnx.checker does not check
 _KNOWN_ELSEWHERE = "pytest_ortdiff.known"
 
@@ -439,10 +442,10 @@ def _second_look(model: onnx.ModelProto, problem: str) -> _Verdict:
     onnxruntime takes. Refused: the second look's problem, the one left once those are forgiven."""
     import onnx
 
-    if not (problem.startswith(_UNSORTED) or problem.startswith(_NO_SCHEMA)):
+    if not problem.startswith((_UNSORTED, _NO_SCHEMA, _NO_IMPORT)):
         return _Verdict(problem)
     skeleton = _skeleton(model)
-    moved = _move_known_ops(skeleton)
+    moved = _import_known_domains(skeleton) | _move_known_ops(skeleton)
     orders = _orders(skeleton.graph, frozenset())
     _apply_orders(skeleton.graph, orders)
     unsorted = bool(orders)
@@ -487,6 +490,32 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _import_known_domains(model: onnx.ModelProto) -> bool:
+    """Import, at their latest version, the domains `model`'s nodes use without importing them that
+    onnxruntime (when installed) or the torch evaluator knows, as onnxruntime does; whether any was."""
+    imported = {o.domain if o.domain != "ai.onnx" else "" for o in model.opset_import}
+    latest = _known_domains()
+    missing = sorted({n.domain for g in iter_graphs(model.graph) for n in g.node} - imported - {"ai.onnx"})
+    added = False
+    for domain in missing:
+        if domain in latest:
+            model.opset_import.add(domain=domain, version=latest[domain])
+            added = True
+    return added
+
+
+def _known_domains() -> dict[str, int]:
+    """domain -> its latest opset, of onnxruntime's schemas and the torch evaluator's kernels."""
+    from .runtimes.kernels import REGISTRY
+
+    out: dict[str, int] = {}
+    for (domain, _), versions in REGISTRY.items():
+        out[domain] = max(out.get(domain, 1), *(since for since, _ in versions))
+    for (domain, _), (_, last) in _ort_schemas().items():
+        out[domain] = max(out.get(domain, 1), last)
+    return out
+
+
 def _move_known_ops(model: onnx.ModelProto) -> bool:
     """Move the nodes of checked domains whose op onnx has no schema for at the model's opset, but which
     onnxruntime (its schemas, when installed) or the torch evaluator (its kernels) knows, to a domain
@@ -520,21 +549,23 @@ def _known_elsewhere(domain: str, op: str, version: int) -> bool:
 
     if lookup(domain, op, version) is not None:
         return True
-    since = _ort_schemas().get((domain, op))
-    return since is not None and since <= version
+    versions = _ort_schemas().get((domain, op))
+    return versions is not None and versions[0] <= version
 
 
 @functools.cache
-def _ort_schemas() -> dict[tuple[str, str], int]:
-    """(domain, op) -> the first opset of onnxruntime's schema for it; empty without onnxruntime."""
+def _ort_schemas() -> dict[tuple[str, str], tuple[int, int]]:
+    """(domain, op) -> the first and the last opset onnxruntime has a schema of it for; empty without
+    onnxruntime."""
     try:
         from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
     except ImportError:
         return {}
-    out: dict[tuple[str, str], int] = {}
+    out: dict[tuple[str, str], tuple[int, int]] = {}
     for schema in get_all_operator_schema():
         key = ("" if schema.domain == "ai.onnx" else schema.domain, schema.name)
-        out[key] = min(out.get(key, schema.since_version), schema.since_version)
+        first, last = out.get(key, (schema.since_version, schema.since_version))
+        out[key] = (min(first, schema.since_version), max(last, schema.since_version))
     return out
 
 

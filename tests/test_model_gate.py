@@ -78,6 +78,22 @@ def test_a_graph_no_one_accepts_is_refused_with_one_message(fresh_gate: None) ->
     assert str(info.value) == "the model fails onnx.checker: Unrecognized attribute: bogus for operator Relu (Bad node spec for node. Name: OpType: Relu); fix the graph"
 
 
+def test_a_contrib_domain_the_model_does_not_import_is_imported_as_onnxruntime_does(fresh_gate: None) -> None:
+    # optimize_model(...).model, before save_model_to_file adds the import: com.microsoft nodes, no
+    # com.microsoft opset; onnxruntime runs it
+    model, feeds = one_node("FastGelu", "com.microsoft", [("x", randn(2, 8, seed=3))], [("y", TensorProto.FLOAT, 2)])
+    del model.opset_import[1]
+    with pytest.raises(onnx.checker.ValidationError, match=r"No opset import for domain 'com\.microsoft'"):
+        onnx.checker.check_model(model)
+    assert check_model(model).notes == ()
+    torch.testing.assert_close(TorchEvaluator(model).run(None, feeds)[0], OrtRunner(model).run(None, feeds)[0], rtol=1e-6, atol=1e-7)
+    unknown = onnx.ModelProto()
+    unknown.CopyFrom(model)
+    unknown.graph.node[0].domain = "com.example"  # a domain no one knows: still refused
+    with pytest.raises(InvalidModelError, match=r"^the model fails onnx\.checker: No opset import for domain 'com\.example'"):
+        check_model(unknown)
+
+
 def test_without_onnxruntime_the_ops_the_evaluator_runs_are_known(fresh_gate: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # MemcpyFromHost: an op onnxruntime has a default-domain schema for (onnx none), with no torch kernel
     memcpy = helper.make_model(
@@ -85,7 +101,7 @@ def test_without_onnxruntime_the_ops_the_evaluator_runs_are_known(fresh_gate: No
         opset_imports=[helper.make_opsetid("", 17)],
         ir_version=9,
     )
-    assert model_io._ort_schemas()[("", "SimplifiedLayerNormalization")] == 1
+    assert model_io._ort_schemas()[("", "SimplifiedLayerNormalization")] == (1, 1)
     check_model(memcpy)  # onnxruntime loads it: the gate lets it through (the evaluator then names the missing kernel)
     rms, _ = _rms_norm(opset=13)
     monkeypatch.setattr(model_io, "_ort_schemas", dict)  # onnxruntime not installed
@@ -135,6 +151,26 @@ def test_an_unsorted_graph_is_sorted_and_the_report_says_so(fresh_gate: None, tm
     assert SORTED_NOTE in render_table([row])
     table = blame(shuffled, feeds)  # blame runs the graph in an order it can run in too
     assert len(table.rows) == len(model.graph.node)
+
+
+def test_the_float16_converters_unsorted_graph_runs(fresh_gate: None) -> None:
+    # convert_float_to_float16(keep_io_types=True) appends the Casts of the float32 inputs after the nodes
+    # that read them: onnx.checker refuses the graph, onnxruntime sorts and runs it
+    import warnings
+
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from pytest_ortdiff import models
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the converter warns about its own internals)
+        half = convert_float_to_float16(models.layer_norm_matmul_add(dtype="float32"), keep_io_types=True)
+    assert [n.op_type for n in half.graph.node][:3] == ["LayerNormalization", "MatMul", "Add"]
+    with pytest.raises(onnx.checker.ValidationError, match="Nodes in a graph must be topologically sorted"):
+        onnx.checker.check_model(half)
+    feeds = models.random_feeds(half, dims={"a": 2, "b": 4, "c": 16}, seed=0)
+    result = Checker("CPU", "float32").check(half, feeds, tolerance={"atol": 2e-2, "rtol": 2e-2})
+    assert result.notes == (SORTED_NOTE,) and result.report.max_abs > 0  # float16 inside: not float32's numbers
 
 
 def test_an_unsorted_body_is_sorted(fresh_gate: None) -> None:
