@@ -36,6 +36,7 @@ from .model_io import (
     check_model,
     exposed_for_ort,
     has_subgraph,
+    in_topological_order,
     load_model,
     model_path,
     serialized,
@@ -1142,7 +1143,8 @@ def blame(
     the cost, with those the head of the table needs). None: every swap runs exactly.
     """
     checked_before = model if isinstance(model, CheckedModel) else None  # (Checker.check's, checked already)
-    m = checked_before.proto if checked_before is not None else load_model(model)
+    # (nodes in an order they run in: the gate's proto, or the file's sorted where it is not one)
+    m = checked_before.proto if checked_before is not None else in_topological_order(load_model(model))
     provider = parse_provider(provider)
     device = torch_device(provider)
     kernels = dict(kernels or {})

@@ -177,6 +177,8 @@ class CheckResult:
     model: str = ""
     #: outputs of a floating dtype the diff has no rules for (float8), compared as float32: "y float8_e4m3fn"
     widened: tuple[str, ...] = ()
+    #: what the gate did to accept the model (CheckedModel.notes), one short line each
+    notes: tuple[str, ...] = ()
     #: why the blame table asked for is not there (blame itself failed): the report comes all the same
     blame_error: str | None = None
     #: the dtype the outputs were judged in when not the case's: the half type a model computes in behind
@@ -240,6 +242,7 @@ class CheckResult:
             f"empty in both runtimes (shapes compared, no values): {', '.join(empty)}" if empty else None,
             self.closer_line() if not self.passed else None,
             self.ran_on_ort_line(),
+            *(f"note: {n}" for n in self.notes),
             self.blame.render() if self.blame is not None else None,
             f"blame failed, no table: {self.blame_error}" if self.blame_error else None,
         ]
@@ -252,7 +255,7 @@ class CheckResult:
         where `[torch vs float64]` failed)."""
         rows = [
             row_for(
-                j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort,
+                j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort, notes=self.notes,
                 worst=None if j.report.n else "; ".join(str(v) for v in j.violations) or None,
             )
             for j in self.judgements
@@ -274,6 +277,7 @@ def row_for(
     describe: str | None = None,
     worst: str | None = None,
     ran_on_ort: tuple[str, ...] = (),
+    notes: tuple[str, ...] = (),
 ) -> CheckRow:
     """A summary row for one DiffReport judged by `tolerance`. Its worst line says where the report stands
     against each rule the tolerance states (`report.worst_line`); `worst` replaces it (and the numbers,
@@ -294,6 +298,7 @@ def row_for(
         report=report.to_dict(),
         suffix=suffix,
         ran_on_ort=ran_on_ort,
+        notes=notes,
     )
 
 
@@ -536,6 +541,7 @@ class Checker:
             closer=closer,
             model=m.graph.name,
             widened=widened,
+            notes=checked.notes,
             judged_dtype=judged if judged != self.dtype else None,
         )
         if not result.passed:

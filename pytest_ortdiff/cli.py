@@ -270,6 +270,8 @@ def _compare_or_raise(args: argparse.Namespace) -> int:
     line = result.ran_on_ort_line()
     if line:
         print(line)
+    for note in result.notes:
+        print(f"note: {note}")
     print(result.report.render())
     return 0
 

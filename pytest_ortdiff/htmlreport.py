@@ -199,6 +199,7 @@ def _numbers(
         )
     if r.ran_on_ort:
         items.append(("ran on onnxruntime (no torch kernel)", ", ".join(r.ran_on_ort)))
+    items.extend(("note", n) for n in r.notes)
     body = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
     outputs = rep.get("outputs")
     extra = ""

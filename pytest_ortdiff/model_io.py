@@ -30,11 +30,13 @@ __all__ = [
     "exposed_for_ort",
     "feed_dims",
     "has_subgraph",
+    "in_topological_order",
     "input_specs",
     "iter_graphs",
     "load_external_data",
     "load_model",
     "model_path",
+    "model_shell",
     "parse_model",
     "serialized",
     "session_input_specs",
@@ -317,9 +319,11 @@ def load_external_data(model: onnx.ModelProto, path: str | Path) -> None:
 
 @dataclass(frozen=True)
 class CheckedModel:
-    """A model that passed onnx.checker: the proto, its serialized bytes (what onnxruntime takes) and
-    their digest (the key of every cache: sessions, evaluators). A model above 2 GB has no bytes (b""):
-    `path` is its file (resolved), which onnxruntime opens."""
+    """A model that passed the gate (see `check_model`): the proto, its serialized bytes (what onnxruntime
+    takes) and their digest (the key of every cache: sessions, evaluators). A model above 2 GB has no bytes
+    (b""): `path` is its file (resolved), which onnxruntime opens. `proto` is the graph as the evaluator runs
+    it: where the file's nodes are out of order, a copy sorted topologically (onnxruntime, which takes the
+    bytes as they are, sorts them itself), and `notes` says so."""
 
     proto: onnx.ModelProto
     data: bytes
@@ -327,6 +331,8 @@ class CheckedModel:
     path: str | None = None
     #: the model's size in bytes with its weights, where `data` is empty (the files')
     file_bytes: int = 0
+    #: what the gate did to accept the model, one short line each ("graph sorted topologically: ...")
+    notes: tuple[str, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -339,16 +345,33 @@ class CheckedModel:
         return self.data or self.path or b""
 
 
-# digest -> the checker's problem (None: valid); a model is checked once however often it is run
-_CHECKED: OrderedDict[str, str | None] = OrderedDict()
+# digest -> the gate's verdict; a model is checked once however often it is run
+_CHECKED: OrderedDict[str, _Verdict] = OrderedDict()
 _CHECKED_MAX = 256
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    """The gate on one model: the checker's problem (None: accepted), and whether the model's nodes must
+    be sorted topologically to be run."""
+
+    problem: str | None
+    unsorted: bool = False
+
+
+#: the note a report carries for a model whose nodes were out of order
+SORTED_NOTE = "graph sorted topologically: its nodes were out of order (onnxruntime sorts them too)"
+
+
 def check_model(model: onnx.ModelProto, *, subject: str = "the model", path: str | Path | None = None) -> CheckedModel:
-    """Run onnx.checker on `model`, once per distinct model, before any runtime sees it (onnxruntime's
-    own error on an invalid graph is far less clear); InvalidModelError naming `subject` otherwise.
-    `path`: the file the model came from, which the checker (and onnxruntime) read a model above 2 GB
-    from; without it, such a model is a ValueError saying to pass it."""
+    """The gate before any runtime sees `model`, once per distinct model: accept what onnx.checker or
+    onnxruntime accepts (onnxruntime's own error on an invalid graph is far less clear), else
+    InvalidModelError naming `subject` and one problem. Beyond onnx.checker, the gate accepts what
+    onnxruntime's tools write: ops of the default (or ai.onnx.ml) domain onnx has no schema for but
+    onnxruntime or the torch evaluator knows (SimplifiedLayerNormalization, LayerNormalization below opset
+    17), and nodes out of topological order (the float16 converter leaves some), which the returned
+    CheckedModel's proto has sorted, with a note. `path`: the file the model came from, which the checker
+    (and onnxruntime) read a model above 2 GB from; without it, such a model is a ValueError saying to pass it."""
     __tracebackhide__ = True  # pytest shows the caller's line, not ours
 
     data = serialized(model, path)
@@ -357,30 +380,34 @@ def check_model(model: onnx.ModelProto, *, subject: str = "the model", path: str
             raise too_large(subject, model)
         return _check_large(model, Path(path), subject)
     digest = hashlib.sha1(data).hexdigest()
-    _checked_once(digest, data, subject)  # (the bytes: given the proto, the checker would serialize it again)
+    verdict = _checked_once(digest, data, model, subject)  # (the bytes: given the proto, the checker would serialize it again)
+    if verdict.unsorted:
+        return CheckedModel(in_topological_order(model), data, digest, notes=(SORTED_NOTE,))
     return CheckedModel(model, data, digest)
 
 
-def _checked_once(digest: str, what: bytes | str, subject: str) -> None:
-    """onnx.checker on `what` (a model's bytes, or its file's path) unless the model `digest` names was
-    checked already; InvalidModelError naming `subject` for a model it rejects, now or before."""
+def _checked_once(digest: str, what: bytes | str, model: onnx.ModelProto, subject: str) -> _Verdict:
+    """The gate's verdict on `what` (a model's bytes, or its file's path; `model` its proto) unless the
+    model `digest` names was checked already; InvalidModelError naming `subject` for a model it refuses,
+    now or before."""
     __tracebackhide__ = True
     import onnx
 
-    if digest in _CHECKED:
+    verdict = _CHECKED.get(digest)
+    if verdict is not None:
         _CHECKED.move_to_end(digest)
     else:
         try:
             onnx.checker.check_model(what)
-            problem = None
+            verdict = _Verdict(None)
         except onnx.checker.ValidationError as exc:
-            problem = checker_problem(exc)
-        _CHECKED[digest] = problem
+            verdict = _second_look(model, checker_problem(exc))
+        _CHECKED[digest] = verdict
         while len(_CHECKED) > _CHECKED_MAX:
             _CHECKED.popitem(last=False)
-    problem = _CHECKED[digest]
-    if problem is not None:
-        raise InvalidModelError(subject, problem)
+    if verdict.problem is not None:
+        raise InvalidModelError(subject, verdict.problem)
+    return verdict
 
 
 def _check_large(model: onnx.ModelProto, path: Path, subject: str) -> CheckedModel:
@@ -390,8 +417,280 @@ def _check_large(model: onnx.ModelProto, path: Path, subject: str) -> CheckedMod
     path = path.resolve()
     stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in model_files(path)]
     digest = "path:" + hashlib.sha1(repr(stats).encode()).hexdigest()
-    _checked_once(digest, str(path), subject)
-    return CheckedModel(model, b"", digest, path=str(path), file_bytes=sum(size for _, size, _ in stats))
+    verdict = _checked_once(digest, str(path), model, subject)
+    notes = (SORTED_NOTE,) if verdict.unsorted else ()
+    proto = in_topological_order(model) if verdict.unsorted else model
+    return CheckedModel(proto, b"", digest, path=str(path), file_bytes=sum(size for _, size, _ in stats), notes=notes)
+
+
+# ------------------------------------------------------------------------------------------------
+# accepting what onnxruntime accepts
+
+#: onnx.checker's complaints that onnxruntime does not share: a node before the nodes it reads from (the
+#: checker's own words), an op of a checked domain without an onnx schema at the model's opset, a node of a
+#: domain the model does not import (onnxruntime imports the domains it knows itself, at their latest
+#: version: the optimizer's in-memory model has com.microsoft nodes and no com.microsoft import)
+_UNSORTED = "Nodes in a graph must be topologically sorted"
+_NO_SCHEMA = "No Op registered for "
+_NO_IMPORT = "No opset import for domain "
+#: the domain the second look moves ops onnxruntime knows into: one onnx.checker does not check
+_KNOWN_ELSEWHERE = "pytest_ortdiff.known"
+
+
+def _second_look(model: onnx.ModelProto, problem: str) -> _Verdict:
+    """onnx.checker refused `model` for `problem`: check again, the weights left out (the checker looks at
+    initializers before nodes, so they passed), with the ops onnxruntime or the torch evaluator knows moved
+    out of the checked domains and the nodes sorted topologically. Accepted then: the model is one
+    onnxruntime takes. Refused: the second look's problem, the one left once those are forgiven."""
+    import onnx
+
+    if not problem.startswith((_UNSORTED, _NO_SCHEMA, _NO_IMPORT)):
+        return _Verdict(problem)
+    skeleton = _skeleton(model)
+    moved = _import_known_domains(skeleton) | _move_known_ops(skeleton)
+    orders = _orders(skeleton.graph, frozenset())
+    _apply_orders(skeleton.graph, orders)
+    unsorted = bool(orders)
+    if not (moved or unsorted):
+        return _Verdict(problem)
+    try:
+        onnx.checker.check_model(skeleton)
+    except onnx.checker.ValidationError as exc:
+        return _Verdict(checker_problem(exc))
+    return _Verdict(None, unsorted)
+
+
+def model_shell(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A new model holding what checks and shape inference read of `model`, its main graph's initializers
+    left out (the caller adds what it needs of them): IR version, opsets, local functions, and the graph's
+    name, nodes, inputs, outputs, value infos and sparse initializers. Nothing of the weights is copied."""
+    import onnx
+
+    graph = model.graph
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    g = out.graph
+    g.name = graph.name
+    g.node.extend(graph.node)
+    g.input.extend(graph.input)
+    g.output.extend(graph.output)
+    g.value_info.extend(graph.value_info)
+    g.sparse_initializer.extend(graph.sparse_initializer)
+    return out
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` without its main graph's weights: each initializer a graph input of its type and shape
+    instead (nothing of a node's check depends on a weight's values)."""
+    from onnx import helper
+
+    out = model_shell(model)
+    listed = {i.name for i in model.graph.input}
+    out.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in model.graph.initializer if t.name not in listed)
+    return out
+
+
+def _import_known_domains(model: onnx.ModelProto) -> bool:
+    """Import, at their latest version, the domains `model`'s nodes use without importing them that
+    onnxruntime (when installed) or the torch evaluator knows, as onnxruntime does; whether any was."""
+    imported = {o.domain if o.domain != "ai.onnx" else "" for o in model.opset_import}
+    latest = _known_domains()
+    missing = sorted({n.domain for g in iter_graphs(model.graph) for n in g.node} - imported - {"ai.onnx"})
+    added = False
+    for domain in missing:
+        if domain in latest:
+            model.opset_import.add(domain=domain, version=latest[domain])
+            added = True
+    return added
+
+
+def _known_domains() -> dict[str, int]:
+    """domain -> its latest opset, of onnxruntime's schemas and the torch evaluator's kernels."""
+    from .runtimes.kernels import REGISTRY
+
+    out: dict[str, int] = {}
+    for (domain, _), versions in REGISTRY.items():
+        out[domain] = max(out.get(domain, 1), *(since for since, _ in versions))
+    for (domain, _), (_, last) in _ort_schemas().items():
+        out[domain] = max(out.get(domain, 1), last)
+    return out
+
+
+def _move_known_ops(model: onnx.ModelProto) -> bool:
+    """Move the nodes of checked domains whose op onnx has no schema for at the model's opset, but which
+    onnxruntime (its schemas, when installed) or the torch evaluator (its kernels) knows, to a domain
+    onnx.checker leaves alone; whether any moved."""
+    import onnx.defs
+
+    checked = ("", "ai.onnx", "ai.onnx.ml")
+    opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
+    moved = False
+    for graph in iter_graphs(model.graph):
+        for node in graph.node:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            if domain not in checked or domain not in opsets:
+                continue
+            version = opsets[domain]
+            if onnx.defs.has(node.op_type, version, domain):
+                continue
+            if _known_elsewhere(domain, node.op_type, version):
+                node.domain = _KNOWN_ELSEWHERE
+                moved = True
+    if moved:
+        model.opset_import.add(domain=_KNOWN_ELSEWHERE, version=1)
+    return moved
+
+
+def _known_elsewhere(domain: str, op: str, version: int) -> bool:
+    """Whether onnxruntime has a schema for `domain::op` at opset `version` (when it is installed: the ops
+    it registers beyond onnx's, e.g. its SimplifiedLayerNormalization), or the torch evaluator a kernel
+    (what it can run, onnxruntime installed or not)."""
+    from .runtimes.kernels import lookup
+
+    if lookup(domain, op, version) is not None:
+        return True
+    versions = _ort_schemas().get((domain, op))
+    return versions is not None and versions[0] <= version
+
+
+@functools.cache
+def _ort_schemas() -> dict[tuple[str, str], tuple[int, int]]:
+    """(domain, op) -> the first and the last opset onnxruntime has a schema of it for; empty without
+    onnxruntime."""
+    try:
+        from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
+    except ImportError:
+        return {}
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for schema in get_all_operator_schema():
+        key = ("" if schema.domain == "ai.onnx" else schema.domain, schema.name)
+        first, last = out.get(key, (schema.since_version, schema.since_version))
+        out[key] = (min(first, schema.since_version), max(last, schema.since_version))
+    return out
+
+
+def _topological_order(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> list[int] | None:
+    """The node positions of `graph` in a topological order, each node as early in the file's order as
+    its inputs allow; None when the file's order is one already, or when no order exists (a cycle, an input
+    nothing produces: the checker says which). `outer`: the names of enclosing graphs a body may read."""
+    import heapq
+
+    known = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    known |= {t.values.name for t in graph.sparse_initializer}
+    known.add("")
+    needs = [_reads(node) for node in graph.node]
+    ready_so_far = set(known)
+    in_order = True
+    for node, wanted in zip(graph.node, needs, strict=True):
+        if not wanted <= ready_so_far:
+            in_order = False
+            break
+        ready_so_far.update(node.output)
+    if in_order:
+        return None
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for o in node.output:
+            if o:
+                producer.setdefault(o, i)
+    waits_on = [{producer[n] for n in wanted if n not in known and n in producer} - {i} for i, wanted in enumerate(needs)]
+    if any(n not in known and n not in producer for wanted in needs for n in wanted):
+        return None  # an input nothing produces: no order helps
+    users: list[list[int]] = [[] for _ in graph.node]
+    for i, deps in enumerate(waits_on):
+        for d in deps:
+            users[d].append(i)
+    pending = [len(d) for d in waits_on]
+    ready = [i for i, n in enumerate(pending) if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    return order if len(order) == len(graph.node) else None
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The values `node` reads: its inputs, and the outer-scope names its bodies read."""
+    import onnx
+
+    names = set(node.input)
+    for a in node.attribute:
+        bodies = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []
+        for body in bodies:
+            names |= _outer_reads(body)
+    return names
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names a body reads that it does not define itself (its enclosing graphs' values)."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    for node in graph.node:
+        defined.update(node.output)
+    reads: set[str] = set()
+    for node in graph.node:
+        reads |= _reads(node)
+    return reads - defined - {""}
+
+
+def in_topological_order(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` itself when every graph's nodes are in topological order (or cannot be put in one), else a
+    copy with them sorted (each node as early in the file's order as its inputs allow): the evaluator runs
+    nodes in the order they come."""
+    import onnx
+
+    orders = _orders(model.graph, frozenset())
+    if not orders:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    _apply_orders(out.graph, orders)
+    return out
+
+
+def _orders(graph: onnx.GraphProto, outer: frozenset[str], where: tuple[int, ...] = ()) -> dict[tuple[int, ...], list[int]]:
+    """The new node orders of `graph` and of the bodies inside it, by the body's position (the node's
+    index, then the body's index among the node's bodies, recursively); a graph already in order is absent."""
+    out: dict[tuple[int, ...], list[int]] = {}
+    order = _topological_order(graph, outer)
+    if order is not None:
+        out[where] = order
+    scope = outer | {i.name for i in graph.input} | {t.name for t in graph.initializer} | {n for node in graph.node for n in node.output}
+    for i, node in enumerate(graph.node):
+        for j, body in enumerate(_bodies(node)):
+            out.update(_orders(body, frozenset(scope), (*where, i, j)))
+    return out
+
+
+def _apply_orders(graph: onnx.GraphProto, orders: Mapping[tuple[int, ...], list[int]], where: tuple[int, ...] = ()) -> None:
+    """`_orders`' orders applied to `graph` and its bodies, in place."""
+    # the bodies first, by their nodes' positions in the file (which the graph's own reordering changes)
+    for i, node in enumerate(graph.node):
+        for j, body in enumerate(_bodies(node)):
+            _apply_orders(body, orders, (*where, i, j))
+    order = orders.get(where)
+    if order is not None:
+        nodes = [graph.node[i] for i in order]
+        graph.ClearField("node")
+        graph.node.extend(nodes)
+
+
+def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    import onnx
+
+    out: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
 
 
 def checker_problem(exc: BaseException) -> str:

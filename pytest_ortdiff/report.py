@@ -168,10 +168,13 @@ def render_table(rows: Iterable[CheckRow | Mapping[str, Any]], *, markdown: bool
 def _worst(row: CheckRow) -> str:
     """The row's worst budget line; "50 NaN, 0 Inf mismatches" instead when its report has any (the
     histogram counts them above every threshold, so its worst line ("50 > 100") would read as huge finite
-    errors while max abs says 0); and the ops the evaluator ran on onnxruntime for lack of a kernel."""
+    errors while max abs says 0); and the ops the evaluator ran on onnxruntime for lack of a kernel, and the
+    gate's notes."""
     text = _mismatches(row.report) or _cell(row.worst or None)
     if row.ran_on_ort:
         text += f"; ran on onnxruntime (no torch kernel): {', '.join(row.ran_on_ort)}"
+    for note in row.notes:
+        text += f"; {note}"
     return text
 
 

@@ -65,6 +65,7 @@ class CheckRow:
     part of `test`; `outcome` is set by the session ("passed", "failed", or "xfailed" for a broken check
     the test expected). `ran_on_ort`: ops the torch evaluator ran on onnxruntime for lack of a kernel.
     `blame`: the blame table of a failed check run with blame (`BlameTable.to_dict(top=BlameTable.TOP)`).
+    `notes`: what the gate did to accept the model (its nodes sorted topologically), one short line each.
     """
 
     test: str
@@ -81,6 +82,7 @@ class CheckRow:
     suffix: str = ""
     ran_on_ort: tuple[str, ...] = ()
     blame: Mapping[str, Any] | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def blame_top(self) -> str | None:
@@ -121,6 +123,8 @@ class CheckRow:
             out["suffix"] = self.suffix
         if self.blame is not None:
             out["blame"] = dict(self.blame)
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
     @classmethod
@@ -132,6 +136,7 @@ class CheckRow:
             raise ResultsFileError(f"{where} has no 'test' (a string)")
         report = data.get("report")
         ran = data.get("ran_on_ort") or ()
+        notes = data.get("notes") or ()
         return cls(
             test=data["test"],
             provider=_text(data.get("provider")),
@@ -147,6 +152,7 @@ class CheckRow:
             suffix=str(data.get("suffix") or ""),
             ran_on_ort=tuple(str(op) for op in ran) if isinstance(ran, list | tuple) else (),
             blame=data["blame"] if isinstance(data.get("blame"), Mapping) else None,
+            notes=tuple(str(n) for n in notes) if isinstance(notes, list | tuple) else (),
         )
 
 

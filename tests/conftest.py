@@ -104,28 +104,28 @@ def seed_test() -> Callable[..., str]:
     return source
 
 
-#: QuickGelu -> FastGelu (com.microsoft): two ops onnxruntime's CPU provider runs and the torch evaluator
-#: has no kernel for (contrib ops: not in the ONNX spec the evaluator follows)
+#: Inverse -> Trilu (com.microsoft): two ops onnxruntime's CPU provider runs (float32 and float64) and the torch
+#: evaluator has no kernel for (contrib ops nothing the tools write needs)
 CONTRIB_SOURCE = """
 import onnx
 import onnx.helper as oh
 import torch
 
-CONTRIB_OPS = ("com.microsoft::FastGelu", "com.microsoft::QuickGelu")
+CONTRIB_OPS = ("com.microsoft::Inverse", "com.microsoft::Trilu")
 
 def contrib_model(relu=False):
     nodes = [
-        oh.make_node("QuickGelu", ["x"], ["q"], domain="com.microsoft", alpha=1.702, name="qg"),
-        oh.make_node("FastGelu", ["q"], ["f" if relu else "y"], domain="com.microsoft", name="fg"),
+        oh.make_node("Inverse", ["x"], ["q"], domain="com.microsoft", name="inv"),
+        oh.make_node("Trilu", ["q"], ["f" if relu else "y"], domain="com.microsoft", upper=0, name="tril"),
     ] + ([oh.make_node("Relu", ["f"], ["y"], name="relu")] if relu else [])
     graph = oh.make_graph(
-        nodes, "contrib", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
-        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
+        nodes, "contrib", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 3])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 3])],
     )
     opsets = [oh.make_opsetid("", 18), oh.make_opsetid("com.microsoft", 1)]
     return oh.make_model(graph, opset_imports=opsets, ir_version=9)
 
-FEEDS = {"x": torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])}
+FEEDS = {"x": torch.tensor([[2.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 4.0]])}
 """
 
 
@@ -137,7 +137,7 @@ def contrib_source() -> str:
 
 @pytest.fixture
 def contrib_model() -> Callable[..., onnx.ModelProto]:
-    """`contrib_model(relu=False)`: the QuickGelu -> FastGelu graph (-> Relu with relu=True)."""
+    """`contrib_model(relu=False)`: the Inverse -> Trilu graph (-> Relu with relu=True)."""
     scope: dict[str, Any] = {}
     exec(CONTRIB_SOURCE, scope)
     return scope["contrib_model"]  # type: ignore[no-any-return]

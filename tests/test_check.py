@@ -79,13 +79,13 @@ def test_holes_missing_kernels_and_onnxruntime_errors_are_domain_exceptions(
     assert (hole.value.provider, hole.value.dtype) == ("CPU", "bfloat16")
     assert re.fullmatch(r"\w+\(\d+\)", hole.value.op), hole.value.op
     assert hole.value.reason == f"CPU-bfloat16: onnxruntime CPUExecutionProvider has no bfloat16 kernel for {hole.value.op}"
-    x = {"x": torch.tensor([[0.1, 3.0, -1.0], [2.0, 2.5, 0.0]])}
+    x = {"x": torch.tensor([[2.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 4.0]])}
     checker = Checker("CPU", "float32")
     with pytest.raises(MissingKernel) as missing:
         checker.check(contrib_model(), x)
-    assert missing.value.ops == ("com.microsoft::FastGelu", "com.microsoft::QuickGelu")  # type: ignore[attr-defined]
+    assert missing.value.ops == ("com.microsoft::Inverse", "com.microsoft::Trilu")  # type: ignore[attr-defined]
     result = checker.check(contrib_model(relu=True), x, missing="ort")
-    assert result.report.is_exact and result.ran_on_ort == ("com.microsoft::FastGelu", "com.microsoft::QuickGelu")
+    assert result.report.is_exact and result.ran_on_ort == ("com.microsoft::Inverse", "com.microsoft::Trilu")
     assert result.rows()[0].ran_on_ort == result.ran_on_ort
     (y,) = checker.run(contrib_model(), x, runtime="float64", missing="ort")
     assert y.dtype == torch.float64

@@ -310,7 +310,7 @@ def _one_node(path: Path, op: str, *, domain: str = "", **attrs: object) -> Path
 @pytest.mark.parametrize(
     ("make", "args", "message"),
     [
-        ("quickgelu", ["--dim", "a=2"], "error: no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead: --ort-kernel com.microsoft::QuickGelu (or --missing=ort)\n"),
+        ("trilu", ["--dim", "a=2"], "error: no torch kernel for com.microsoft::Trilu (opset 1); run it with onnxruntime instead: --ort-kernel com.microsoft::Trilu (or --missing=ort)\n"),
         ("unknown-op", ["--dim", "a=2"], "error: {path} fails onnx.checker: No Op registered for Foo with domain_version of 18 (Bad node spec for node. Name: OpType: Foo); fix the graph\n"),
         ("bad-attribute", ["--dim", "a=2"], "error: {path} fails onnx.checker: Unrecognized attribute: bogus for operator Relu (Bad node spec for node. Name: OpType: Relu); fix the graph\n"),
         ("garbage", ["--dim", "a=2"], "error: cannot load {path!r}: not an ONNX model (Error parsing message with type 'onnx.ModelProto': Wire format was corrupt)\n"),
@@ -325,8 +325,8 @@ def test_compare_bad_model_is_one_error_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], make: str, args: list[str], message: str
 ) -> None:
     path = tmp_path / f"{make}.onnx"
-    if make == "quickgelu":
-        _one_node(path, "QuickGelu", domain="com.microsoft", alpha=1.702)
+    if make == "trilu":
+        _one_node(path, "Trilu", domain="com.microsoft")
     elif make == "unknown-op":
         _one_node(path, "Foo")
     elif make == "bad-attribute":
@@ -359,12 +359,12 @@ def test_compare_model_onnxruntime_rejects_is_one_error_line(tmp_path: Path, cap
 
 
 def test_compare_ort_kernel_runs_the_op_with_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _one_node(tmp_path / "quickgelu.onnx", "QuickGelu", domain="com.microsoft", alpha=1.702)
-    rc = main(["compare", str(path), "--dim", "a=2", "--ort-kernel", "com.microsoft::QuickGelu"])
+    path = _one_node(tmp_path / "trilu.onnx", "Trilu", domain="com.microsoft")
+    rc = main(["compare", str(path), "--dim", "a=2", "--ort-kernel", "com.microsoft::Trilu"])
     out, err = capsys.readouterr()
     assert (rc, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0] == f"{path}: torch evaluator vs onnxruntime CPU float32, dims {{'a': 2}}, seed 0; with onnxruntime: com.microsoft::QuickGelu"
+    assert lines[0] == f"{path}: torch evaluator vs onnxruntime CPU float32, dims {{'a': 2}}, seed 0; with onnxruntime: com.microsoft::Trilu"
     assert lines[1] == "passed (atol=0.0001 rtol=0.0001)"
     assert lines[2] == "output 'Y'  float32[2x4]  n=8"
     assert "         0           0       0 %" in [line.rstrip() for line in lines]  # the same kernel on both sides
@@ -467,11 +467,11 @@ def test_compare_bad_feeds_or_ranges_are_one_error_line(
 
 
 def test_compare_missing_ort_runs_the_ops_without_a_kernel_on_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _one_node(tmp_path / "quickgelu.onnx", "QuickGelu", domain="com.microsoft", alpha=1.702)
+    path = _one_node(tmp_path / "trilu.onnx", "Trilu", domain="com.microsoft")
     assert main(["compare", str(path), "--dim", "a=2", "--missing=ort"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("dims {'a': 2}, seed 0; ops without a torch kernel on onnxruntime")
-    assert lines[1:4] == ["passed (atol=0.0001 rtol=0.0001)", "ran on onnxruntime (no torch kernel): com.microsoft::QuickGelu", "output 'Y'  float32[2x4]  n=8"]
+    assert lines[1:4] == ["passed (atol=0.0001 rtol=0.0001)", "ran on onnxruntime (no torch kernel): com.microsoft::Trilu", "output 'Y'  float32[2x4]  n=8"]
 
 
 def test_model_dtype_order() -> None:

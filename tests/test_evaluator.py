@@ -272,9 +272,9 @@ def test_model_failing_onnx_checker() -> None:
     assert y.tolist() == [0.0, 0.5, 2.0]
 
 
-def _fused_matmul_model() -> onnx.ModelProto:
-    node = oh.make_node("FusedMatMul", ["x", "w"], ["y"], domain="com.microsoft", alpha=2.0, name="fmm")
-    return make_model([node], [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4])], [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
+def _cdist_model() -> onnx.ModelProto:
+    node = oh.make_node("CDist", ["x", "w"], ["y"], domain="com.microsoft", metric="euclidean", name="cdist")
+    return make_model([node], [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [4, 3])], [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
 
 
 def _hardmax_model() -> onnx.ModelProto:
@@ -282,57 +282,57 @@ def _hardmax_model() -> onnx.ModelProto:
     return make_model([node], [vi("x", TP.FLOAT, [2, 3])], [vi("y", TP.FLOAT, [2, 3])])
 
 
-FUSED_MATMUL_DICT = 'kernels={("com.microsoft", "FusedMatMul"): "ort"}'
+CDIST_DICT = 'kernels={("com.microsoft", "CDist"): "ort"}'
 
 
 def test_missing_kernel_names_the_op_and_suggests_ort() -> None:
-    assert "com.microsoft::FusedMatMul" not in known_ops()
+    assert "com.microsoft::CDist" not in known_ops()
     with pytest.raises(MissingKernelError) as info:
-        TorchEvaluator(_fused_matmul_model())
+        TorchEvaluator(_cdist_model())
     msg = str(info.value)
-    assert msg.startswith(f"no torch kernel for com.microsoft::FusedMatMul (opset 1); run it on onnxruntime: TorchEvaluator(model, {FUSED_MATMUL_DICT}), ")
+    assert msg.startswith(f"no torch kernel for com.microsoft::CDist (opset 1); run it on onnxruntime: TorchEvaluator(model, {CDIST_DICT}), ")
     assert 'or every op without a kernel: TorchEvaluator(model, missing="ort"); known ops: ' in msg
     assert "known ops: Abs, " in msg and ", LayerNormalization, " in msg and ", MatMul, " in msg
-    assert info.value.ops == ("com.microsoft::FusedMatMul",)
+    assert info.value.ops == ("com.microsoft::CDist",)
     assert isinstance(info.value, NotImplementedError)
 
 
 def test_missing_kernel_suggestion_works() -> None:
     x = torch.linspace(-1, 1, 6).reshape(2, 3)
-    w = torch.linspace(0, 2, 12).reshape(3, 4)
-    ev = TorchEvaluator(_fused_matmul_model(), kernels={("com.microsoft", "FusedMatMul"): "ort"})
+    w = torch.linspace(0, 2, 12).reshape(4, 3)
+    ev = TorchEvaluator(_cdist_model(), kernels={("com.microsoft", "CDist"): "ort"})
     (y,) = ev.run(None, {"x": x, "w": w})
     assert y.dtype == torch.float32
-    assert_close(y, 2.0 * x.double().numpy() @ w.double().numpy(), atol=1e-6, rtol=1e-6)
+    assert_close(y, torch.cdist(x.double(), w.double()).numpy(), atol=1e-6, rtol=1e-6)
     assert ev.ops_run_by_ort == ()  # an override, not missing="ort"
 
 
 def _two_missing_ops_model() -> onnx.ModelProto:
-    """FusedMatMul in the main graph, BiasGelu inside an If branch (com.microsoft contrib ops: onnxruntime
-    runs them, the evaluator has no kernel for them), Relu in the other branch."""
-    then = oh.make_graph([oh.make_node("BiasGelu", ["t", "bias"], ["g"], domain="com.microsoft", name="bias_gelu")], "then", [], [vi("g", TP.FLOAT, [2, 4])])
+    """CDist in the main graph, Trilu inside an If branch (com.microsoft contrib ops: onnxruntime runs them,
+    the evaluator has no kernel for them), Relu in the other branch."""
+    then = oh.make_graph([oh.make_node("Trilu", ["t"], ["g"], domain="com.microsoft", upper=0, name="tril")], "then", [], [vi("g", TP.FLOAT, [2, 4])])
     other = oh.make_graph([oh.make_node("Relu", ["t"], ["r"], name="relu")], "else", [], [vi("r", TP.FLOAT, [2, 4])])
     nodes = [
-        oh.make_node("FusedMatMul", ["x", "w"], ["t"], domain="com.microsoft", alpha=2.0, name="fmm"),
+        oh.make_node("CDist", ["x", "w"], ["t"], domain="com.microsoft", metric="sqeuclidean", name="cdist"),
         oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="branch"),
     ]
-    inputs = [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [3, 4]), vi("bias", TP.FLOAT, [4]), vi("c", TP.BOOL, [])]
+    inputs = [vi("x", TP.FLOAT, [2, 3]), vi("w", TP.FLOAT, [4, 3]), vi("c", TP.BOOL, [])]
     return make_model(nodes, inputs, [vi("y", TP.FLOAT, [2, 4])], {"": 18, "com.microsoft": 1})
 
 
 def _two_missing_feeds(c: bool) -> dict[str, torch.Tensor]:
-    return {"x": torch.linspace(-1, 1, 6).reshape(2, 3), "w": torch.linspace(-2, 2, 12).reshape(3, 4), "bias": torch.tensor([0.5, -0.5, 1.0, 0.0]), "c": torch.tensor(c)}
+    return {"x": torch.linspace(-1, 1, 6).reshape(2, 3), "w": torch.linspace(-2, 2, 12).reshape(4, 3), "c": torch.tensor(c)}
 
 
 def test_missing_kernels_are_all_named_with_the_one_dict_that_runs_the_model() -> None:
     with pytest.raises(MissingKernelError) as info:
         TorchEvaluator(_two_missing_ops_model())
     msg = str(info.value)
-    assert info.value.ops == ("com.microsoft::BiasGelu", "com.microsoft::FusedMatMul")  # the one in the If branch too
-    assert msg.startswith("no torch kernel for com.microsoft::BiasGelu (opset 1), com.microsoft::FusedMatMul (opset 1); run them on onnxruntime: ")
+    assert info.value.ops == ("com.microsoft::CDist", "com.microsoft::Trilu")  # the one in the If branch too
+    assert msg.startswith("no torch kernel for com.microsoft::CDist (opset 1), com.microsoft::Trilu (opset 1); run them on onnxruntime: ")
     hint = re.search(r"TorchEvaluator\(model, kernels=(\{.*?\})\)", msg)
     assert hint is not None
-    assert hint.group(1) == '{("com.microsoft", "BiasGelu"): "ort", ("com.microsoft", "FusedMatMul"): "ort"}'
+    assert hint.group(1) == '{("com.microsoft", "CDist"): "ort", ("com.microsoft", "Trilu"): "ort"}'
     # the suggested dict, taken from the message as written, runs the model as onnxruntime does
     ev = TorchEvaluator(_two_missing_ops_model(), kernels=eval(hint.group(1)))
     for c in (True, False):
@@ -348,7 +348,7 @@ def test_missing_kernels_are_all_named_with_the_one_dict_that_runs_the_model() -
 
 def test_missing_ort_runs_every_op_without_a_kernel_on_onnxruntime_and_names_them() -> None:
     ev = TorchEvaluator(_two_missing_ops_model(), missing="ort")
-    assert ev.ops_run_by_ort == ("com.microsoft::BiasGelu", "com.microsoft::FusedMatMul")
+    assert ev.ops_run_by_ort == ("com.microsoft::CDist", "com.microsoft::Trilu")
     values = ev.run(None, _two_missing_feeds(True), intermediates=True)
     (expected,) = OrtRunner(_two_missing_ops_model()).run(None, _two_missing_feeds(True))
     torch.testing.assert_close(values["y"], expected, rtol=1e-5, atol=1e-6)
@@ -359,7 +359,7 @@ def test_missing_ort_runs_every_op_without_a_kernel_on_onnxruntime_and_names_the
 
 def test_missing_must_be_error_or_ort() -> None:
     with pytest.raises(ValueError, match=r"missing='skip' is not valid; use 'error' \(name the ops without a torch kernel\) or 'ort' \(run them on onnxruntime\)"):
-        TorchEvaluator(_fused_matmul_model(), missing="skip")  # type: ignore[arg-type]
+        TorchEvaluator(_cdist_model(), missing="skip")  # type: ignore[arg-type]
 
 
 def test_kernel_failing_at_run_time_names_node_op_and_shapes(m16: onnx.ModelProto, f16: dict) -> None:

@@ -26,7 +26,9 @@ from pytest_ortdiff.runtimes.kernels import (
     lookup,
     reduction,
 )
+from pytest_ortdiff.runtimes.kernels.contrib import normalization as contrib_normalization
 from pytest_ortdiff.runtimes.kernels.math import matmul, softmax
+from pytest_ortdiff.runtimes.kernels.nn import normalization as nn_normalization
 from pytest_ortdiff.runtimes.kernels.tensor import cast, shape
 
 CPU = torch.device("cpu")
@@ -693,7 +695,8 @@ def test_constant_refuses_strings_and_sparse(attrs: dict[str, Any]) -> None:
         ("Cast", 19, cast.Cast19),
         ("Gemm", 11, matmul.Gemm),
         ("Add", 6, None),  # legacy `broadcast`/`axis` semantics: no kernel rather than a wrong one
-        ("LayerNormalization", 16, None),
+        ("LayerNormalization", 16, contrib_normalization.LayerNormalization1),  # onnxruntime's own, before ONNX's 17
+        ("LayerNormalization", 17, nn_normalization.LayerNormalization),
     ],
     ids=lambda v: v if isinstance(v, str | int) else None,
 )

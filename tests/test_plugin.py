@@ -311,7 +311,7 @@ def test_no_kernel(ortdiff):
     ortdiff.check(contrib_model(), FEEDS)
 
 def test_kernels_passed_through(ortdiff):
-    kernels = {("com.microsoft", "QuickGelu"): "ort", ("com.microsoft", "FastGelu"): "ort"}
+    kernels = {("com.microsoft", "Inverse"): "ort", ("com.microsoft", "Trilu"): "ort"}
     report = ortdiff.check(contrib_model(), FEEDS, kernels=kernels)
     assert report.is_exact
     (y,) = ortdiff.run(contrib_model(), FEEDS, runtime="torch", kernels=kernels)
@@ -334,11 +334,11 @@ def test_ops_without_a_kernel_in_a_test(pytester: pytest.Pytester, contrib_sourc
     pytester.makepyfile(test_ops=contrib_source + CONTRIB_TESTS)
     result = pytester.runpytest("-rf")
     result.assert_outcomes(passed=2, failed=2)
-    ops = "com.microsoft::FastGelu, com.microsoft::QuickGelu"
-    kernels = "{('com.microsoft', 'FastGelu'): 'ort', ('com.microsoft', 'QuickGelu'): 'ort'}"
+    ops = "com.microsoft::Inverse, com.microsoft::Trilu"
+    kernels = "{('com.microsoft', 'Inverse'): 'ort', ('com.microsoft', 'Trilu'): 'ort'}"
     result.stdout.fnmatch_lines(
         [
-            f"*MissingKernelError: no torch kernel for com.microsoft::FastGelu (opset 1), com.microsoft::QuickGelu (opset 1);*"
+            f"*MissingKernelError: no torch kernel for com.microsoft::Inverse (opset 1), com.microsoft::Trilu (opset 1);*"
             f"; in a test: ortdiff.check(model, feeds, kernels={kernels}) (or ortdiff.check(model, feeds, missing='ort'))",
         ]
     )

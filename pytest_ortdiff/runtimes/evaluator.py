@@ -19,7 +19,14 @@ import onnx
 import torch
 
 from ..dtypes import DType, dtype_of
-from ..model_io import InvalidModelError, has_subgraph, iter_graphs, load_model
+from ..model_io import (
+    InvalidModelError,
+    has_subgraph,
+    in_topological_order,
+    iter_graphs,
+    load_model,
+    model_shell,
+)
 from ..model_io import check_model as _check_model
 from . import kernels as _kernels  # registers every kernel family
 from .kernels.base import Kernel, KernelContext, UnsupportedVariantError, lookup
@@ -746,17 +753,8 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     heavy = {i for i, t in enumerate(graph.initializer) if t.data_type in _FLOAT_CODES and math.prod(t.dims) >= _WEIGHT_ELEMENTS}
     if not heavy:
         return model
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
+    light = model_shell(model)
     g = light.graph
-    g.name = graph.name
-    g.node.extend(graph.node)
-    g.input.extend(graph.input)
-    g.output.extend(graph.output)
-    g.value_info.extend(graph.value_info)
-    g.sparse_initializer.extend(graph.sparse_initializer)
     for i, init in enumerate(graph.initializer):
         if i in heavy:
             t = g.initializer.add()
@@ -818,9 +816,13 @@ class TorchEvaluator:
         self.model = load_model(model)
         if check_model:
             try:
-                _check_model(self.model)  # the one checker call (cached per model) the fixture and CLI use too
+                # the one gate (cached per model) the fixture and CLI use too; its proto has the nodes in an
+                # order they can run in, sorted where the file's were not
+                self.model = _check_model(self.model).proto
             except InvalidModelError as exc:
                 raise ValueError(f"{exc} (or pass check_model=False to try anyway)") from None
+        else:
+            self.model = in_topological_order(self.model)  # nodes run in the order they come
         if missing not in ("error", "ort"):
             raise ValueError(f"missing={missing!r} is not valid; use 'error' (name the ops without a torch kernel) or 'ort' (run them on onnxruntime)")
         self.missing = missing
