@@ -203,3 +203,21 @@ def test_decoder_feeds_with_past_run_on_torch_kernels(deployed: Deployed) -> Non
     result = Checker("CPU", "float32").check(path, feeds)
     assert result.passed and not result.ran_on_ort
     assert result.outputs["present.0.key"].shape == (2, 2, 7, 16)
+
+
+def test_quantize_linear_of_nan_saturates_low_as_onnxruntime_does() -> None:
+    """quantize_static's QDQ Llama (TorchScript) quantizes NaN attention probabilities (the float32-min mask
+    through QDQ): onnxruntime gives the type's lowest value whatever the zero point; the kernel gave 127 for a
+    zero point of -128 (NaN's undefined int64 conversion, INT64_MIN, plus -128, wrapped round)."""
+    from pytest_ortdiff import OrtRunner
+
+    for elem, zp in ((onnx.TensorProto.INT8, -128), (onnx.TensorProto.INT8, 5), (onnx.TensorProto.UINT8, 7)):
+        graph = oh.make_graph(
+            [oh.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], "q", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [300])],
+            [oh.make_tensor_value_info("y", elem, [300])], [oh.make_tensor("s", onnx.TensorProto.FLOAT, [], [0.1]), oh.make_tensor("z", elem, [], [zp])],
+        )
+        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 19)], ir_version=9)
+        x = {"x": torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 1.0] * 60)}
+        (ours,) = TorchEvaluator(model).run(None, x)
+        (expected,) = OrtRunner(model).run(None, x)
+        assert torch.equal(ours, expected), (elem, zp, ours[:5], expected[:5])
