@@ -123,7 +123,7 @@ def _check_section(c: _Check) -> str:
         f'<details class="check {_cls(verdict)}" id="{c.anchor}"{"" if r.ok else " open"}><summary>'
         f'<span class="badge {_cls(verdict)}">{_e(verdict)}</span> <code>{_e(r.test)}</code> '
         f'<span class="muted">{_e(" · ".join(x for x in (r.provider or "-", r.dtype or "-", c.job) if x))}</span> '
-        f'<span class="nums">max abs {_e(g(r.max_abs))} · max ulp {_e(g(r.max_ulp))}</span></summary><div class="body">'
+        f'<span class="nums">max abs {_e(g(r.max_abs))} · max ulp {_e(g(r.ulp))}</span></summary><div class="body">'
     )
     parts = [head]
     if rep is not None:
@@ -164,7 +164,7 @@ def _numbers(
     items = [
         ("max abs", f"{g(_num(rep.get('max_abs')))} {at}"),
         ("max rel", g(_num(rep.get("max_rel")))),
-        ("max ulp", g(_num(rep.get("max_ulp")))),
+        ("max ulp", _ulp_item(rep)),
         ("mean abs", g(_num(rep.get("mean_abs")))),
         ("elements", f"{n:,} ({_dtype_shape(rep)}); {_differ(rep):,} differ"),
         (
@@ -203,13 +203,21 @@ def _numbers(
         head = "<tr><th>output</th><th>dtype[shape]</th><th>max abs</th><th>max ulp</th><th>differ</th><th>NaN/Inf</th></tr>"
         cells = "".join(
             f"<tr><td><code>{_e(str(o.get('name', '')))}</code></td><td>{_e(_dtype_shape(o))}</td>"
-            f"<td>{_e(g(_num(o.get('max_abs'))))}</td><td>{_e(g(_num(o.get('max_ulp'))))}</td><td>{_differ(o):,}</td>"
+            f"<td>{_e(g(_num(o.get('max_abs'))))}</td><td>{_e(_ulp_item(o))}</td><td>{_differ(o):,}</td>"
             f"<td>{_int(o.get('nan_mismatch'))}/{_int(o.get('inf_mismatch'))}</td></tr>"
             for o in outputs
             if isinstance(o, Mapping)
         )
         extra = f'<table class="small">{head}{cells}</table>'
     return f'<dl class="nums">{body}</dl>{extra}'
+
+
+def _ulp_item(rep: Mapping[str, Any]) -> str:
+    """"4 at the output's scale (raw 4.69e+03)": the floored ULPs a person means, with the raw distance."""
+    raw, floored = _num(rep.get("max_ulp")), _num(rep.get("max_ulp_floored"))
+    if floored is None or floored == raw:
+        return g(raw)
+    return f"{g(floored)} at the output's scale (raw {g(raw)})"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -720,7 +728,7 @@ _LEGEND = (
     '<span class="sw" style="background:hsl(0,75%,42%)"></span> failed, ≥1e5 ulp '
     '<span class="sw conflict"></span> conflict (jobs disagree) '
     '<span class="sw skipped"></span> skipped <span class="sw error"></span> error '
-    "· the cell shows the worst ULP error; hover for details, click for the check</p>"
+    "· the cell shows the worst ULP error at the output's scale; hover for details, click for the check</p>"
 )
 
 _CSS = """

@@ -25,7 +25,7 @@ _MARKS = {"passed": "✅", "skipped": "⏭️", "failed": "❌", "error": "💥"
 _XFAIL_MARK = "🟡"
 _MD_LEGEND = (
     f"{_MARKS['passed']} passed · {_MARKS['failed']} failed · {_MARKS['error']} error · {_MARKS['skipped']} skipped · "
-    f"{_XFAIL_MARK} failed as expected (xfail) · {_MARKS['conflict']} jobs disagree; numbers: max abs error (worst ULP error)"
+    f"{_XFAIL_MARK} failed as expected (xfail) · {_MARKS['conflict']} jobs disagree; numbers: max abs error (worst ULP error at the output's scale)"
 )
 #: a GitHub comment holds 65,536 characters; the markdown form stays below, leaving room for a heading
 MARKDOWN_LIMIT = 60_000
@@ -47,7 +47,8 @@ class Column:
 
 @dataclass(frozen=True)
 class Cell:
-    """One test in one case: the verdict, the largest absolute and ULP errors of its checks, the worst budget
+    """One test in one case: the verdict, the largest absolute and ULP errors of its checks (ULPs at the
+    output's scale: `CheckRow.ulp`), the worst budget
     line (or why it failed, was skipped, or which jobs disagree: `message`), and what it was made of.
 
     A cell folds every check of the test case (the test's own and its suffixed ones: " [baseline out]",
@@ -178,7 +179,7 @@ class Matrix:
             module, sep, name = t.partition("::")
             groups.setdefault(module if sep else "", []).append([name if sep else t, *((cell.text if (cell := self.cell(t, c)) else "-") for c in self.columns)])
         lines = _fit(["test", *(c.label for c in self.columns)], list(groups.items()), width)
-        lines += _wrap("cells: max abs (worst ULP); ok FAIL ERROR xfail skip CONFLICT (jobs disagree)", width)
+        lines += _wrap("cells: max abs (worst ULP at the output's scale); ok FAIL ERROR xfail skip CONFLICT (jobs disagree)", width)
         if notes:
             tags = self.tags()
             for t in shown:
@@ -387,7 +388,7 @@ def _fold(rows: list[CheckRow], tests: list[TestOutcome], skips: list[SkipRow], 
     return Cell(
         verdict,
         _largest(r.max_abs for r in rows),
-        _largest(r.max_ulp for r in rows),
+        _largest(r.ulp for r in rows),  # (at the output's scale: raw ULPs near zero alarm on passing checks)
         _worst_text(top) if top is not None else "",
         tuple(rows),
         tuple(skips),
@@ -611,6 +612,13 @@ def _md(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def _ulp_text(r: CheckRow) -> str:
+    """"4 (raw 4.69e+03)": the ULPs at the output's scale, and the raw distance when it differs."""
+    if r.ulp is None or r.ulp == r.max_ulp or r.max_ulp is None:
+        return g(r.ulp)
+    return f"{g(r.ulp)} (raw {g(r.max_ulp)})"
+
+
 def _md_cell(cell: Cell | None) -> str:
     if cell is None:
         return "-"
@@ -634,7 +642,7 @@ def _md_details(test: str, column: Column, cell: Cell, tags: Mapping[str, str] |
         for r in part.rows:
             out.append(
                 f"- {_md(r.test)}{jobs}: {_md(r.outcome or '?')}, max abs {g(r.max_abs)}, max rel {g(r.max_rel)}, "
-                f"max ULP {g(r.max_ulp)}; {_md(_worst_text(r) or '-')}; tolerance {_md(r.tolerance or '-')}"
+                f"max ULP {_ulp_text(r)}; {_md(_worst_text(r) or '-')}; tolerance {_md(r.tolerance or '-')}"
             )
             if isinstance(r.blame, Mapping):  # (--ortdiff-blame: the node that explains the gap, if one does)
                 top, drift, closer = r.blame_top, r.blame.get("first_divergence"), r.blame.get("closer_to_oracle")

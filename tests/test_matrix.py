@@ -117,7 +117,7 @@ MARKDOWN = """\
 | t.py::test_gelu[7] | - | ⏭️ skipped | ❌ 0.000977 (2 ulp) |
 | t.py::test_lnmm | ⚠️ ✅ 1.2e-06 (3 ulp) / ❌ 0.031 (2.6e+05 ulp) | ❌ 0.25 (1.2e+04 ulp) | ✅ 0.00391 (1 ulp) |
 
-✅ passed · ❌ failed · 💥 error · ⏭️ skipped · 🟡 failed as expected (xfail) · ⚠️ jobs disagree; numbers: max abs error (worst ULP error)
+✅ passed · ❌ failed · 💥 error · ⏭️ skipped · 🟡 failed as expected (xfail) · ⚠️ jobs disagree; numbers: max abs error (worst ULP error at the output's scale)
 
 <details><summary>❌ t.py::test_gelu[7] · CPU float16 ort 1.32.0: baseline 'gelu' missing: OrtDiffFailure: ortdiff: no baseline 'gelu'</summary>
 
