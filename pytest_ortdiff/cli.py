@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .formatting import printable as _printable
 from .results import BaselineRow, CheckRow, ResultsFile, ResultsFileError, SkipRow, TestOutcome
 
 if TYPE_CHECKING:
@@ -62,17 +63,18 @@ def _merge(args: argparse.Namespace) -> int:
     as_matrix = args.matrix or (not args.rows and matrix.cases > 1)
     try:
         if as_matrix and args.markdown:
-            print(matrix.render_markdown(), end="")
+            print(matrix.render_markdown(limit=_MARKDOWN_BODY), end="")
         elif as_matrix:
             width = args.width or _terminal_width()
             print("\n".join(_printable(line) for line in matrix.render_text(width).splitlines()))
+        elif args.markdown:
+            print(_markdown_rows(sorted(rows + uncovered, key=order), tests, skips), end="")
         else:
             from .report import render_table
 
-            table: list[CheckRow] = sorted(rows + uncovered, key=order)
-            print(render_table([_shown(r, args.markdown) for r in table], markdown=args.markdown))
+            print(render_table([_shown(r) for r in sorted(rows + uncovered, key=order)]))
     except (ValueError, TypeError, OverflowError) as exc:  # a value _read_results let through and the table cannot show
-        print(f"error: cannot render the merged table: {exc}", file=sys.stderr)
+        print(f"error: cannot render the merged table: {_printable(str(exc))}", file=sys.stderr)
         return 2
     # (rows of files written before "xfailed" existed have only passed/failed)
     failed = sum(1 for r in rows if not r.ok)
@@ -86,7 +88,7 @@ def _merge(args: argparse.Namespace) -> int:
     conflicts = matrix.counts().get("conflict", 0)
     if conflicts:
         print(f"{conflicts} conflicting cell(s): jobs report one test and case differently (see the matrix{'' if as_matrix else ': merge --matrix'})")
-    if not as_matrix:  # (the matrix's notes say these already)
+    if not as_matrix and not args.markdown:  # (the matrix's notes say these already, and the markdown's list)
         for t in tests:
             if t.outcome in ("failed", "error"):
                 print(f"{'failed' if t.outcome == 'failed' else 'errored'}: {_printable(t.test)}" + (f": {_printable(t.message)}" if t.message else ""))
@@ -173,35 +175,78 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# C0 and C1 controls (ESC starts every ANSI sequence), DEL, and the bidi overrides that reorder a line
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+def _shown(row: CheckRow, markdown: bool = False) -> CheckRow:
+    """The row as the table shows it: control characters escaped, and in markdown every character that would
+    form a link, an image, HTML or a column (`formatting.markdown_text`)."""
+    from .formatting import markdown_text
 
+    def text(value: str | None) -> str | None:
+        if value is None:
+            return None
+        return markdown_text(value) if markdown else _printable(value)
 
-def _printable(text: str) -> str:
-    """`text` with every control character shown as an escape (`\\x1b`): a test id from a JSON file never
-    moves the cursor, recolours or rewrites the terminal."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
-
-
-def _cell_text(text: str | None, markdown: bool) -> str | None:
-    if text is None:
-        return None
-    text = _printable(text)
-    return text.replace("\\", "\\\\").replace("|", "\\|") if markdown else text
-
-
-def _shown(row: CheckRow, markdown: bool) -> CheckRow:
-    """The row as the table shows it: control characters escaped, and in markdown `|` escaped (a `|` in a
-    test id would otherwise start a new column)."""
     return replace(
         row,
-        test=_cell_text(row.test, markdown) or "",
-        provider=_cell_text(row.provider, markdown),
-        dtype=_cell_text(row.dtype, markdown),
-        worst=_cell_text(row.worst, markdown) or "",
-        outcome=_cell_text(row.outcome, markdown),
-        ran_on_ort=tuple(_cell_text(op, markdown) or "" for op in row.ran_on_ort),
+        test=text(row.test) or "",
+        provider=text(row.provider),
+        dtype=text(row.dtype),
+        worst=text(row.worst) or "",
+        outcome=text(row.outcome),
+        ran_on_ort=tuple(text(op) or "" for op in row.ran_on_ort),
     )
+
+
+#: what the markdown's table and lists may take: the lines merge prints after them (the counts) fit below
+#: MARKDOWN_LIMIT too
+_MARKDOWN_BODY = 59_000
+
+
+def _markdown_rows(table: Sequence[CheckRow], tests: Sequence[TestOutcome], skips: Sequence[SkipRow]) -> str:
+    """The row listing in markdown: the table, then the failed tests and the skips as list items, in at most
+    _MARKDOWN_BODY characters: the failing rows first, then the list, then the passing rows, as many as fit,
+    and a note saying what was left out."""
+    from .formatting import markdown_text
+    from .matrix import MARKDOWN_LIMIT
+    from .report import render_table
+
+    head, sep, *lines = render_table([_shown(r, markdown=True) for r in table], markdown=True).splitlines()
+    notes = [
+        f"- {'failed' if t.outcome == 'failed' else 'errored'}: {markdown_text(t.test)}" + (f": {markdown_text(t.message)}" if t.message else "")
+        for t in tests
+        if t.outcome in ("failed", "error")
+    ]
+    notes += [f"- skipped: {markdown_text(sk.test or '?')}: {markdown_text(sk.reason)}" for sk in skips]
+    failing = [i for i, r in enumerate(table) if not r.ok]
+    passing = [i for i, r in enumerate(table) if r.ok]
+    room = _MARKDOWN_BODY - len(head) - len(sep) - 800  # (the note's room)
+    kept: list[int] = []
+    for i in failing:
+        if len(lines[i]) + 1 > room:
+            break
+        kept.append(i)
+        room -= len(lines[i]) + 1
+    listed = 0
+    while listed < len(notes) and len(notes[listed]) + 1 <= room:
+        room -= len(notes[listed]) + 1
+        listed += 1
+    shown_passing = 0
+    for i in passing:
+        if len(lines[i]) + 1 > room:
+            break
+        kept.append(i)
+        room -= len(lines[i]) + 1
+        shown_passing += 1
+    out = [head, sep, *(lines[i] for i in sorted(kept))]
+    left = [
+        (len(failing) - (len(kept) - shown_passing), f"{len(failing) - (len(kept) - shown_passing):,} of {len(failing):,} failing rows"),
+        (len(passing) - shown_passing, f"{len(passing) - shown_passing:,} of {len(passing):,} passing rows"),
+        (len(notes) - listed, f"{len(notes) - listed:,} of {len(notes):,} failed tests and skips"),
+    ]
+    if any(n for n, _ in left):
+        out += ["", f"_Cut to stay under {MARKDOWN_LIMIT:,} characters (a GitHub comment holds 65,536): " + "; ".join(w for n, w in left if n) + " not shown. All of it: `merge` without --markdown, or --html._"]
+    if listed:
+        out += ["", *notes[:listed]]
+    return "\n".join(out) + "\n"
 
 
 def _compare(args: argparse.Namespace) -> int:
