@@ -6,14 +6,14 @@ Values may be per dtype (`atol={"float16": 0.5, "float32": 1e-4}`); `for_dtype` 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .dtypes import DType, dtype_of, parse_dtype
 from .formatting import g, index, pct, pct_frac, shortest
 
-__all__ = ["Tolerance", "Violation", "floored_ulp"]
+__all__ = ["Tolerance", "Violation", "floored_ulp", "parse_budget"]
 
 _Number = float | int
 _PerDtype = _Number | Mapping[str, _Number] | None
@@ -229,6 +229,23 @@ def floored_ulp(report: Any) -> float:
     before floored errors existed, an integer output)."""
     floored = getattr(report, "max_ulp_floored", None)
     return float(report.max_ulp) if floored is None else float(floored)
+
+
+def parse_budget(items: Sequence[str]) -> dict[float, float]:
+    """`--budget 0.01:0.001 --budget 1:0` (or one comma list) -> {0.01: 0.001, 1.0: 0.0}: the command line's
+    budget (`Tolerance(budget=...)` validates the numbers)."""
+    budget: dict[float, float] = {}
+    for item in (p for it in items for p in it.split(",") if p.strip()):
+        t, sep, f = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            budget[float(t)] = float(f)
+        except ValueError:
+            raise ValueError(
+                f"--budget {item!r}: expected THRESHOLD:FRACTION, e.g. --budget 0.01:0.001 (at most 0.1 % of elements off by more than 0.01)"
+            ) from None
+    return budget
 
 
 def _exact_kind(dtype: str) -> str | None:
