@@ -13,6 +13,7 @@ import itertools
 import math
 import operator
 import os
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -259,7 +260,8 @@ class BlameTable(Sequence[BlameRow]):
             lines.append(f"most to blame: {self.culprit.node} ({self.culprit.op_type}), explains {self.culprit.explained * 100:.0f} % of the gap")
         elif not gap.is_exact:
             lines.append(f"no single node explains {self.CULPRIT_MIN * 100:.0f} % of the gap: the difference comes from how onnxruntime runs the graph as a whole")
-        lines += [f"note: {n}" for n in self.notes]
+        for n in self.notes:  # (wrapped: a note is a sentence, not a line of the table)
+            lines += textwrap.wrap(f"note: {n}", 110, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
         return "\n".join(lines)
 
     def render_by_op_type(self) -> str:
@@ -391,10 +393,15 @@ def _graph_notes(m: onnx.ModelProto, data: bytes, config: Mapping[str, str], pro
             promoted.append(f"{node.name} ({node.op_type}) in {dtype_of(changed).short}")
     if not promoted:
         return []
+    more = f" and {len(promoted) - _NOTE_NODES:,} more" if len(promoted) > _NOTE_NODES else ""  # (a large graph's list was one endless line)
     return [
-        f"onnxruntime {ep} inserted {len(inserted)} Cast node(s) and runs {', '.join(promoted)}: "
+        f"onnxruntime {ep} inserted {len(inserted)} Cast node(s) and runs {', '.join(promoted[:_NOTE_NODES])}{more}: "
         "values between those nodes are not rounded to the model's dtype, which no single-node swap reproduces"
     ]
+
+
+#: nodes a note names before "and N more"
+_NOTE_NODES = 5
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, int]:
