@@ -191,7 +191,7 @@ class BlameTable(Sequence[BlameRow]):
         return out
 
     def by_op_type(self) -> list[BlameRow]:
-        """One row per op type, every node of that type swapped at once (the seed-000 table's form)."""
+        """One row per op type, every node of that type swapped at once (the op-type table: which op type, run by onnxruntime, explains the gap)."""
         return self.op_rows
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
@@ -265,7 +265,7 @@ class BlameTable(Sequence[BlameRow]):
         return "\n".join(lines)
 
     def render_by_op_type(self) -> str:
-        """The seed-000 table: each op type run by onnxruntime inside torch, diff against torch and against ort."""
+        """The op-type table: each op type run by onnxruntime inside torch, diff against torch and against ort."""
         head = ("swapped to ort", "diff vs ort", "diff vs torch", "explained")
         body = [(r.op_type, g(r.vs_ort), g(r.vs_torch), f"{r.explained * 100:.0f} %" if r.exact else f"~{r.explained * 100:.0f} %") for r in self.op_rows]
         lines = [f"{self.provider} {self.dtype}", *_table(head, body)]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .formatting import g, index, pct, pct_frac, threshold
-from .matrix import Cell, Matrix, pivot
+from .matrix import Cell, Job, Matrix, pivot, ran_environment
 from .results import (
     BaselineRow,
     CheckRow,
@@ -518,7 +518,7 @@ def _jobs(matrix: Matrix) -> str:
     for job in matrix.jobs:
         f = job.results
         env = (
-            "; ".join(f"{k}: {v}" for k, v in job.environment.items())
+            "; ".join(f"{k}: {v}" for k, v in _ran_items(job))
             or "not recorded (a file of an older pytest-ortdiff)"
         )
         status = "complete" if f.complete else "did not finish"
@@ -528,6 +528,19 @@ def _jobs(matrix: Matrix) -> str:
         )
     head = "<tr><th>job</th><th>checks</th><th>tests</th><th>skips</th><th>run</th><th>environment</th></tr>"
     return f'<section id="jobs"><h2>Jobs</h2><table class="list">{head}{"".join(body)}</table></section>'
+
+
+def _ran_items(job: Job) -> list[tuple[str, str]]:
+    """The job's environment as (key, value), its providers and dtypes those its rows ran, the run's selection
+    beside them where it differs (a marker's dtypes=["float16"] in a run that selected float32)."""
+    if job.environment.empty:
+        return []
+    ran = dict(ran_environment(job.results).items())
+    out = []
+    for key, value in job.environment.items():
+        shown = ran.get(key, value)
+        out.append((key, shown if shown == value else f"{shown} (the run selected {value})"))
+    return out + [(k, v) for k, v in ran.items() if k not in dict(job.environment.items())]
 
 
 def _heatmap(matrix: Matrix, anchors: Mapping[int, str]) -> str:

@@ -7,14 +7,14 @@ import math
 import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .dtypes import TESTABLE
 from .formatting import cut, g, html_text, markdown_text
 from .providers import KNOWN
 from .results import CheckRow, Environment, ResultsFile, SkipRow, TestOutcome
 
-__all__ = ["VERDICTS", "Cell", "Column", "Job", "Matrix", "elide", "job_labels", "pivot", "test_key"]
+__all__ = ["VERDICTS", "Cell", "Column", "Job", "Matrix", "elide", "job_labels", "pivot", "ran_environment", "test_key"]
 
 #: a cell's verdicts, in the order a headline counts them ("conflict": jobs reporting the same cell disagree)
 VERDICTS = ("passed", "failed", "error", "skipped", "conflict")
@@ -347,11 +347,25 @@ def pivot(files: Sequence[ResultsFile], labels: Sequence[str] | None = None) -> 
 
 
 def job_labels(files: Sequence[ResultsFile], names: Sequence[str] | None = None) -> list[str]:
-    """A label per file: its environment's ("CPU float16 · ort 1.32.0 · torch 2.13.0"), else its name in
-    `names` (a file stem), else "job N"; labels that collide get the name (or the number) added."""
-    labels = [f.environment.label or (names[i] if names else f"job {i + 1}") for i, f in enumerate(files)]
+    """A label per file: its environment's ("CPU float16 · ort 1.32.0 · torch 2.13.0", naming the cases its
+    rows ran: `ran_environment`), else its name in `names` (a file stem), else "job N"; labels that collide
+    get the name (or the number) added."""
+    labels = [ran_environment(f).label or (names[i] if names else f"job {i + 1}") for i, f in enumerate(files)]
     seen = {label: labels.count(label) for label in labels}
     return [label if seen[label] == 1 else f"{label} ({names[i] if names else f'job {i + 1}'})" for i, label in enumerate(labels)]
+
+
+def ran_environment(f: ResultsFile) -> Environment:
+    """The file's environment with the providers and dtypes its checks, tests and skips ran (the run's
+    selection, --ort-dtypes, says float32 where a marker's dtypes=["float16"] ran float16); the selection's
+    where the file names none; nothing for a file that recorded no environment (labelled by its name)."""
+    env = f.environment
+    if env.empty:
+        return env
+    cases = [(r.provider, r.dtype) for r in f.results] + [(t.provider, t.dtype) for t in f.tests] + [(k.provider, k.dtype) for k in f.skips]
+    providers = tuple(dict.fromkeys(p for p, _ in cases if p))
+    dtypes = tuple(dict.fromkeys(d for _, d in cases if d))
+    return replace(env, providers=providers or env.providers, dtypes=dtypes or env.dtypes)
 
 
 def _provider_names() -> str:

@@ -49,7 +49,7 @@ __all__ = [
     "range_only_list",
 ]
 
-#: onnxruntime's T5 demo list (the op-type block list of the issue and of the seeds' notebook): these op
+#: onnxruntime's T5 demo list (the op-type block list of onnxruntime's T5 notebook): these op
 #: types stay in float32, on top of the converter's own DEFAULT_OP_BLOCK_LIST
 OP_TYPE_BLOCK_LIST = ("Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Softmax", "Relu")
 _HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -1127,7 +1127,7 @@ def _judge(checker: Checker, oracle: Sequence[Sequence[Any]], names: Sequence[st
 
 
 def range_only_list(report: AuditReport) -> tuple[str, ...]:
-    """The range-only rule as the seeds' tool applies it (transformer-deploy's `get_keep_fp32_nodes`): the
+    """The range-only rule as transformer-deploy applies it (its `get_keep_fp32_nodes`): the
     nodes `find_node_fp32` flags (`range_flagged`), each followed by the consumer of its output that
     transformer-deploy keeps with it ("they will receive FP32 values as input"; its mapping from a value to
     its reader keeps the last reader in graph order, so one consumer per node). Graph order, no repeats."""
@@ -1143,7 +1143,7 @@ def range_only_list(report: AuditReport) -> tuple[str, ...]:
 
 
 def range_flagged(report: AuditReport) -> tuple[str, ...]:
-    """transformer-deploy's `find_node_fp32`, the rule of the seeds' tool, over the audited inputs: every
+    """transformer-deploy's `find_node_fp32` over the audited inputs: every
     node one of whose float32 output elements, on some input, is beyond float16's max (|x| > 65504, ±inf
     included) or non-zero and below 5.96e-8 in magnitude (float16's smallest subnormal: it rounds to 0 or
     to that). NaN alone does not count (its comparisons are false there too). The thresholds are float16's
@@ -1162,7 +1162,7 @@ def range_flagged(report: AuditReport) -> tuple[str, ...]:
 
 def _not_full_precision_count(report: AuditReport) -> int:
     """Nodes with a float32 output element the half type does not hold at full precision on some input:
-    overflow, underflow to 0, a subnormal, or NaN/Inf (a broader count than the seeds' rule)."""
+    overflow, underflow to 0, a subnormal, or NaN/Inf (a broader count than transformer-deploy's rule)."""
     return sum(
         1
         for n in report.nodes
@@ -1324,9 +1324,10 @@ def keep_float32(
     results.append(
         result(
             "range-only rule",
-            f"every node with a float32 output element beyond ±65504 or non-zero below 5.96e-08 on some input "
-            f"({len(range_flagged(report))}: transformer-deploy's find_node_fp32), and the consumer of each that "
-            "transformer-deploy's get_keep_fp32_nodes keeps with it (the seeds' tool); "
+            f"every node with a float32 output element beyond float16's ±65504 or non-zero below float16's 5.96e-08 on some input "
+            f"({len(range_flagged(report))}: transformer-deploy's find_node_fp32"
+            + ("; float16's thresholds: the tool has none for bfloat16" if half != "float16" else "")
+            + "), and the consumer of each that transformer-deploy's get_keep_fp32_nodes keeps with it; "
             f"{_not_full_precision_count(report)} nodes hold a value {half} does not hold at full precision (subnormals included)",
             ranged,
         )[0]
