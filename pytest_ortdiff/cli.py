@@ -1052,8 +1052,9 @@ def _demo(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, "-m", "pytest", *pytest_args])
 
 
-def _model_arguments(p: argparse.ArgumentParser, *, kernels: bool = True) -> None:
-    """The arguments of every command that runs a model file: provider, feeds, dims, ranges, seed, missing kernels."""
+def _model_arguments(p: argparse.ArgumentParser, *, kernels: bool = True, missing: bool = True) -> None:
+    """The arguments of every command that runs a model file: provider, feeds, dims, ranges, seed, and for those
+    that run the torch evaluator what it does with an op it has no kernel for."""
     p.add_argument("--provider", default="CPU", help="the onnxruntime provider: CPU (default), CUDA, ...")
     p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="a symbolic dim of the inputs, e.g. --dim batch=2 (repeat)")
     p.add_argument("--feeds", metavar="FILE.npz", help="named inputs from a file written by numpy.savez(path, input_name=array, ...); the inputs it lacks are drawn")
@@ -1072,6 +1073,8 @@ def _model_arguments(p: argparse.ArgumentParser, *, kernels: bool = True) -> Non
             help="run this op (OP, or DOMAIN::OP such as com.microsoft::FusedMatMul) with onnxruntime inside the torch "
             "evaluator as well, as kernels={(domain, op): 'ort'} does: for an op it has no torch kernel for (repeat)",
         )
+    if not missing:  # (diff runs onnxruntime only)
+        return
     p.add_argument(
         "--missing",
         choices=("error", "ort"),
@@ -1165,7 +1168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("original", metavar="ORIGINAL.onnx")
     p.add_argument("deployed", metavar="DEPLOYED.onnx")
-    _model_arguments(p, kernels=False)
+    _model_arguments(p, kernels=False, missing=False)
     _tolerance_arguments(p, "(default: the compared dtype's atol/rtol)")
     p.add_argument("--around", type=int, default=4, metavar="K", help="rows of the node-by-node table shown on either side of the first divergence (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the outputs' report and the whole alignment) instead")
