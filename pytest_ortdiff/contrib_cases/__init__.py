@@ -19,7 +19,10 @@ __all__ = [
     "ContribResult",
     "all_cases",
     "float32_twin",
+    "render",
     "run_case",
+    "run_cases",
+    "summary",
 ]
 
 #: the family modules of this package, in report order (a module not yet written is skipped)
@@ -261,3 +264,54 @@ def run_cases(cases: Sequence[ContribCase] | None = None) -> Iterator[ContribRes
     for case in all_cases() if cases is None else cases:
         for provider in case.providers:
             yield run_case(case, provider)
+
+
+def summary(results: Sequence[ContribResult]) -> str:
+    """The totals line: '212 of 240 contrib cases pass, 6 depart on purpose, ...; 31 ops'."""
+    from collections import Counter
+
+    total = Counter(r.status for r in results)
+    ops = {r.op for r in results}
+    parts = [f"{total['pass']} of {len(results)} contrib cases pass"]
+    for status, words in (
+        ("departs", "depart from the op's meaning on purpose"),
+        ("wrong", "wrong"),
+        ("unsupported", "unsupported"),
+        ("no kernel", "without a kernel"),
+        ("no onnxruntime", "without onnxruntime to compare with"),
+        ("error", "error"),
+    ):
+        if total[status]:
+            parts.append(f"{total[status]} {words}")
+    return ", ".join(parts) + f"; {len(ops)} op{'' if len(ops) == 1 else 's'}"
+
+
+def render(results: Sequence[ContribResult], *, verbose: bool = False) -> str:
+    """A table of counts by op and the worst ULPs measured, the totals line, and with `verbose` every case
+    that does not pass, with why (failures last)."""
+    from collections import Counter
+
+    by_op: dict[str, list[ContribResult]] = {}
+    for r in results:
+        by_op.setdefault(r.op, []).append(r)
+    width = max([len(op) for op in by_op] + [10])
+    head = f"{'contrib op':<{width}} {'cases':>5} " + " ".join(f"{s:>14}" for s in STATUSES) + f" {'worst ulp':>10}"
+    lines = [head, "-" * len(head)]
+
+    def row(name: str, rs: Sequence[ContribResult]) -> str:
+        counts = Counter(r.status for r in rs)
+        ulps = [r.ulp for r in rs if r.ulp is not None and r.status == "pass"]
+        worst = f"{max(ulps):.3g}" if ulps else "-"
+        return f"{name:<{width}} {len(rs):>5} " + " ".join(f"{counts.get(s, 0):>14}" for s in STATUSES) + f" {worst:>10}"
+
+    lines.extend(row(op, by_op[op]) for op in sorted(by_op))
+    lines += ["-" * len(head), row("total", results), "", summary(results)]
+    if verbose:
+        for status in ("departs", "no onnxruntime", "unsupported", "no kernel", "wrong", "error"):
+            chosen = [r for r in results if r.status == status]
+            if chosen:
+                lines.append(f"\n{status}:")
+                for r in chosen:
+                    ulp = f" ({r.ulp:.3g} ulp)" if r.ulp is not None and status in ("departs", "wrong") else ""
+                    lines.append(f"  {r.name} [{r.op}, {r.dtype}, {r.provider}]{ulp}: {r.detail}")
+    return "\n".join(lines)
