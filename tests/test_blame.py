@@ -1021,3 +1021,18 @@ def test_a_note_naming_many_nodes_is_cut_and_wrapped() -> None:
     text = table.render()
     wrapped = text[text.index("note: ") :].splitlines()
     assert len(wrapped) > 1 and all(len(line) <= 110 for line in wrapped), wrapped
+
+
+def test_graph_notes_in_a_full_temporary_directory_cost_the_notes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29, item 11 (the same fault in blame): the notes read onnxruntime's loaded graph from a temporary
+    directory; when none can be made there are no notes, and no OSError in place of the blame table."""
+    import errno
+    import tempfile
+
+    from pytest_ortdiff.blame import ort_graph_notes
+
+    def full(*args: Any, **kwargs: Any) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    assert ort_graph_notes(models.fp16_hazards("softmax")) == []

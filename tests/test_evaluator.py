@@ -504,7 +504,7 @@ def test_key_naming_nothing_lists_node_names(m32: onnx.ModelProto) -> None:
 
 
 def test_invalid_value_lists_valid_values(m32: onnx.ModelProto) -> None:
-    with pytest.raises(ValueError, match=re.escape("kernels['matmul'] = 'cuda' is not valid; ") + r".*values: \"torch\", \"ort\", \"float64\", \"float32\", \"float16\", \"bfloat16\" or a callable"):
+    with pytest.raises(ValueError, match=re.escape("kernels['matmul'] = 'cuda' is not valid; ") + r".*values: \"torch\", \"ort\", \"float64\", \"float32\", \"float16\", \"bfloat16\", a Kernel subclass or a callable"):
         TorchEvaluator(m32, kernels={"matmul": "cuda"})
 
 
@@ -892,5 +892,5 @@ def test_nodes_run_on_onnxruntime_log_errors_only() -> None:
     ev = TorchEvaluator(_fused_matmul_model(), missing="ort")
     ev.run(None, {"x": torch.ones(2, 3), "w": torch.ones(3, 4)})
     kernel = next(k for _, k, _ in ev.iter_kernels() if isinstance(k, OrtKernel))
-    ((runner, _, _),) = kernel._runners.values()
-    assert runner.session.get_session_options().log_severity_level == 3
+    (one,) = kernel._runners.values()
+    assert one.runner.session.get_session_options().log_severity_level == 3
