@@ -10,12 +10,11 @@ import shlex
 import subprocess
 import sys
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -121,11 +120,11 @@ def ortdiff_flags() -> list[tuple[str, str, str]]:
     return out
 
 
-def test_the_shell_blocks_use_flags_that_exist(tmp_path: Path) -> None:
+def test_the_shell_blocks_use_flags_that_exist(tmp_path: Path, cli: Callable[..., Any]) -> None:
     found = ortdiff_flags()
     subcommands = {sub for _, sub, _ in found} - {"pytest"}
     assert {"compare", "merge", "precision", "conformance"} <= subcommands
-    helps = {sub: run_cli(sub, "--help").stdout for sub in subcommands}
+    helps = {sub: cli(sub, "--help").stdout for sub in subcommands}
     # from a directory without conftests: the plugin's options alone (it loads as an entry point)
     helps["pytest"] = subprocess.run(
         [sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=tmp_path, check=True
