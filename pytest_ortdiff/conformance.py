@@ -201,8 +201,11 @@ def _read_cache(path: Path) -> tuple[Any, ...] | None:
 
 
 def _write_cache(path: Path, cases: tuple[Any, ...]) -> None:
-    # written aside and renamed into place, so that a concurrent reader (an xdist worker) never sees half a file
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    from .results import write_atomically
+
+    # written aside and renamed into place, so that a concurrent reader (an xdist worker) never sees half a
+    # file; the temporary is created exclusively under a random name, so a link planted at a predictable
+    # one (`<cache>.<pid>.tmp`) is never written through
     try:
         out = [_MAGIC]
         for case in cases:
@@ -215,13 +218,9 @@ def _write_cache(path: Path, cases: tuple[Any, ...]) -> None:
             meta["data_sets"] = sets
             for chunk in (json.dumps(meta).encode(), case.model.SerializeToString(), *chunks):
                 out += [struct.pack("<Q", len(chunk)), chunk]
-        with tmp.open("wb") as f:
-            f.write(b"".join(out))
-        os.replace(tmp, path)
+        write_atomically(path, b"".join(out))
     except Exception:  # a cache that cannot be written costs time, not correctness
         pass
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _op_name(node: Any) -> str:
