@@ -53,6 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:torch")
     config.addinivalue_line("filterwarnings", "ignore::FutureWarning:torch")
     config.addinivalue_line("filterwarnings", "ignore:.*LeafSpec.*is deprecated:FutureWarning")
+    config.addinivalue_line("filterwarnings", "ignore::torch.jit.TracerWarning")
 
 
 @pytest.fixture(autouse=True)
