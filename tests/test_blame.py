@@ -397,7 +397,7 @@ def test_blame_fixture(pytester: pytest.Pytester) -> None:
 
 
 def test_blame_and_the_oracle_take_the_ort_overrides_that_a_missing_kernel_needs() -> None:
-    """A model with an op without a torch kernel: the README's kernels={...: "ort"} works for blame
+    """A model with an op without a torch kernel: the kernels={...: "ort"} of docs/writing-tests.md works for blame
     (the float64 oracle too) and for check(reference="float64")."""
     import onnx
     from onnx import TensorProto as TP
