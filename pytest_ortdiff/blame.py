@@ -13,6 +13,7 @@ import itertools
 import math
 import operator
 import os
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -191,7 +192,7 @@ class BlameTable(Sequence[BlameRow]):
         return out
 
     def by_op_type(self) -> list[BlameRow]:
-        """One row per op type, every node of that type swapped at once (the seed-000 table's form)."""
+        """One row per op type, every node of that type swapped at once (the op-type table: which op type, run by onnxruntime, explains the gap)."""
         return self.op_rows
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
@@ -260,11 +261,12 @@ class BlameTable(Sequence[BlameRow]):
             lines.append(f"most to blame: {self.culprit.node} ({self.culprit.op_type}), explains {self.culprit.explained * 100:.0f} % of the gap")
         elif not gap.is_exact:
             lines.append(f"no single node explains {self.CULPRIT_MIN * 100:.0f} % of the gap: the difference comes from how onnxruntime runs the graph as a whole")
-        lines += [f"note: {n}" for n in self.notes]
+        for n in self.notes:  # (wrapped: a note is a sentence, not a line of the table)
+            lines += textwrap.wrap(f"note: {n}", 110, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
         return "\n".join(lines)
 
     def render_by_op_type(self) -> str:
-        """The seed-000 table: each op type run by onnxruntime inside torch, diff against torch and against ort."""
+        """The op-type table: each op type run by onnxruntime inside torch, diff against torch and against ort."""
         head = ("swapped to ort", "diff vs ort", "diff vs torch", "explained")
         body = [(r.op_type, g(r.vs_ort), g(r.vs_torch), f"{r.explained * 100:.0f} %" if r.exact else f"~{r.explained * 100:.0f} %") for r in self.op_rows]
         lines = [f"{self.provider} {self.dtype}", *_table(head, body)]
@@ -392,10 +394,15 @@ def _graph_notes(m: onnx.ModelProto, data: bytes, config: Mapping[str, str], pro
             promoted.append(f"{node.name} ({node.op_type}) in {dtype_of(changed).short}")
     if not promoted:
         return []
+    more = f" and {len(promoted) - _NOTE_NODES:,} more" if len(promoted) > _NOTE_NODES else ""  # (a large graph's list was one endless line)
     return [
-        f"onnxruntime {ep} inserted {len(inserted)} Cast node(s) and runs {', '.join(promoted)}: "
+        f"onnxruntime {ep} inserted {len(inserted)} Cast node(s) and runs {', '.join(promoted[:_NOTE_NODES])}{more}: "
         "values between those nodes are not rounded to the model's dtype, which no single-node swap reproduces"
     ]
+
+
+#: nodes a note names before "and N more"
+_NOTE_NODES = 5
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, int]:

@@ -1,16 +1,20 @@
-"""`python -m pytest_ortdiff ...`: merge CI jobs' JSON reports into one matrix or table, compare a model file's
-torch-evaluator and onnxruntime outputs, run ONNX's node test suite through the evaluator, run the demo."""
+"""`python -m pytest_ortdiff ...`: merge CI jobs' JSON reports into one matrix or table; compare a model file's
+torch-evaluator and onnxruntime outputs, blame its nodes, diff it against its deployed form, audit it for
+float16; run ONNX's node test suite through the evaluator; run the demo. Arguments are checked before torch,
+onnxruntime and onnx are imported: --help and a bad argument answer at once."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from .formatting import printable as _printable
 from .results import BaselineRow, CheckRow, ResultsFile, ResultsFileError, SkipRow, TestOutcome
 
 if TYPE_CHECKING:
@@ -62,17 +66,18 @@ def _merge(args: argparse.Namespace) -> int:
     as_matrix = args.matrix or (not args.rows and matrix.cases > 1)
     try:
         if as_matrix and args.markdown:
-            print(matrix.render_markdown(), end="")
+            print(matrix.render_markdown(limit=_MARKDOWN_BODY), end="")
         elif as_matrix:
             width = args.width or _terminal_width()
             print("\n".join(_printable(line) for line in matrix.render_text(width).splitlines()))
+        elif args.markdown:
+            print(_markdown_rows(sorted(rows + uncovered, key=order), tests, skips), end="")
         else:
             from .report import render_table
 
-            table: list[CheckRow] = sorted(rows + uncovered, key=order)
-            print(render_table([_shown(r, args.markdown) for r in table], markdown=args.markdown))
+            print(render_table([_shown(r) for r in sorted(rows + uncovered, key=order)]))
     except (ValueError, TypeError, OverflowError) as exc:  # a value _read_results let through and the table cannot show
-        print(f"error: cannot render the merged table: {exc}", file=sys.stderr)
+        print(f"error: cannot render the merged table: {_printable(str(exc))}", file=sys.stderr)
         return 2
     # (rows of files written before "xfailed" existed have only passed/failed)
     failed = sum(1 for r in rows if not r.ok)
@@ -86,7 +91,7 @@ def _merge(args: argparse.Namespace) -> int:
     conflicts = matrix.counts().get("conflict", 0)
     if conflicts:
         print(f"{conflicts} conflicting cell(s): jobs report one test and case differently (see the matrix{'' if as_matrix else ': merge --matrix'})")
-    if not as_matrix:  # (the matrix's notes say these already)
+    if not as_matrix and not args.markdown:  # (the matrix's notes say these already, and the markdown's list)
         for t in tests:
             if t.outcome in ("failed", "error"):
                 print(f"{'failed' if t.outcome == 'failed' else 'errored'}: {_printable(t.test)}" + (f": {_printable(t.message)}" if t.message else ""))
@@ -173,107 +178,529 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# C0 and C1 controls (ESC starts every ANSI sequence), DEL, and the bidi overrides that reorder a line
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+def _shown(row: CheckRow, markdown: bool = False) -> CheckRow:
+    """The row as the table shows it: control characters escaped, and in markdown every character that would
+    form a link, an image, HTML or a column (`formatting.markdown_text`)."""
+    from .formatting import markdown_text
 
+    def text(value: str | None) -> str | None:
+        if value is None:
+            return None
+        return markdown_text(value) if markdown else _printable(value)
 
-def _printable(text: str) -> str:
-    """`text` with every control character shown as an escape (`\\x1b`): a test id from a JSON file never
-    moves the cursor, recolours or rewrites the terminal."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
-
-
-def _cell_text(text: str | None, markdown: bool) -> str | None:
-    if text is None:
-        return None
-    text = _printable(text)
-    return text.replace("\\", "\\\\").replace("|", "\\|") if markdown else text
-
-
-def _shown(row: CheckRow, markdown: bool) -> CheckRow:
-    """The row as the table shows it: control characters escaped, and in markdown `|` escaped (a `|` in a
-    test id would otherwise start a new column)."""
     return replace(
         row,
-        test=_cell_text(row.test, markdown) or "",
-        provider=_cell_text(row.provider, markdown),
-        dtype=_cell_text(row.dtype, markdown),
-        worst=_cell_text(row.worst, markdown) or "",
-        outcome=_cell_text(row.outcome, markdown),
-        ran_on_ort=tuple(_cell_text(op, markdown) or "" for op in row.ran_on_ort),
+        test=text(row.test) or "",
+        provider=text(row.provider),
+        dtype=text(row.dtype),
+        worst=text(row.worst) or "",
+        outcome=text(row.outcome),
+        ran_on_ort=tuple(text(op) or "" for op in row.ran_on_ort),
     )
 
 
-def _compare(args: argparse.Namespace) -> int:
-    try:
-        return _compare_or_raise(args)
-    except _CompareError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+#: what the markdown's table and lists may take: the lines merge prints after them (the counts) fit below
+#: MARKDOWN_LIMIT too
+_MARKDOWN_BODY = 59_000
+
+
+def _markdown_rows(table: Sequence[CheckRow], tests: Sequence[TestOutcome], skips: Sequence[SkipRow]) -> str:
+    """The row listing in markdown: the table, then the failed tests and the skips as list items, in at most
+    _MARKDOWN_BODY characters: the failing rows first, then the list, then the passing rows, as many as fit,
+    and a note saying what was left out."""
+    from .formatting import markdown_text
+    from .matrix import MARKDOWN_LIMIT
+    from .report import render_table
+
+    head, sep, *lines = render_table([_shown(r, markdown=True) for r in table], markdown=True).splitlines()
+    notes = [
+        f"- {'failed' if t.outcome == 'failed' else 'errored'}: {markdown_text(t.test)}" + (f": {markdown_text(t.message)}" if t.message else "")
+        for t in tests
+        if t.outcome in ("failed", "error")
+    ]
+    notes += [f"- skipped: {markdown_text(sk.test or '?')}: {markdown_text(sk.reason)}" for sk in skips]
+    failing = [i for i, r in enumerate(table) if not r.ok]
+    passing = [i for i, r in enumerate(table) if r.ok]
+    room = _MARKDOWN_BODY - len(head) - len(sep) - 800  # (the note's room)
+    kept: list[int] = []
+    for i in failing:
+        if len(lines[i]) + 1 > room:
+            break
+        kept.append(i)
+        room -= len(lines[i]) + 1
+    listed = 0
+    while listed < len(notes) and len(notes[listed]) + 1 <= room:
+        room -= len(notes[listed]) + 1
+        listed += 1
+    shown_passing = 0
+    for i in passing:
+        if len(lines[i]) + 1 > room:
+            break
+        kept.append(i)
+        room -= len(lines[i]) + 1
+        shown_passing += 1
+    out = [head, sep, *(lines[i] for i in sorted(kept))]
+    left = [
+        (len(failing) - (len(kept) - shown_passing), f"{len(failing) - (len(kept) - shown_passing):,} of {len(failing):,} failing rows"),
+        (len(passing) - shown_passing, f"{len(passing) - shown_passing:,} of {len(passing):,} passing rows"),
+        (len(notes) - listed, f"{len(notes) - listed:,} of {len(notes):,} failed tests and skips"),
+    ]
+    if any(n for n, _ in left):
+        out += ["", f"_Cut to stay under {MARKDOWN_LIMIT:,} characters (a GitHub comment holds 65,536): " + "; ".join(w for n, w in left if n) + " not shown. All of it: `merge` without --markdown, or --html._"]
+    if listed:
+        out += ["", *notes[:listed]]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# compare, blame, diff, precision: model files run on drawn or given feeds
 
 
 class _CompareError(Exception):
     """A bad model or argument: one line on stderr, exit status 2."""
 
 
-def _compare_or_raise(args: argparse.Namespace) -> int:
-    from .check import Checker, OrtRunError, ToleranceBroken, UnsupportedByProvider
-    from .model_io import input_specs
-    from .providers import parse_provider, unavailable_reason
-    from .runtimes.evaluator import MissingKernelError
+def _command(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """`handler` behind the arguments' checks that need no heavy import (files, numbers, names), each bad
+    argument one `error:` line (its names from a model file escaped) and exit status 2."""
 
-    if not 0 <= args.seed < 2**63:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            _precheck(args)
+            return handler(args)
+        except _CompareError as exc:
+            print(f"error: {_printable(str(exc))}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _say(text: str) -> None:
+    """Print text that names what a model file named (inputs, outputs, op types): its lines, never an escape
+    sequence of the file's."""
+    print("\n".join(_printable(line) for line in text.split("\n")))
+
+
+def _precheck(args: argparse.Namespace) -> None:
+    """What can be checked before torch, onnxruntime and onnx are imported (seconds): the files exist, the
+    numbers and names are well formed, the provider is one we know, the tolerance is a tolerance."""
+    from .providers import parse_provider
+
+    for attr in ("model", "original", "deployed"):
+        name = getattr(args, attr, None)
+        if name is not None:
+            _check_file(name, "model file")
+    if getattr(args, "feeds", None):
+        _check_file(args.feeds, "--feeds", missing=f"--feeds {args.feeds}: the file does not exist")
+    if not 0 <= args.seed < 2**63 - max(getattr(args, "samples", 1), 1):
         raise _CompareError(f"--seed {args.seed}: expected an integer from 0 to 2**63-1")
-    checked = _load_checked(args.model)
+    _dim_items(args.dim or ())
+    _range_items(args.input_range or ())
+    _kernel_items(getattr(args, "ort_kernel", None) or ())
+    try:
+        args.provider = parse_provider(args.provider)
+    except ValueError as exc:
+        raise _CompareError(f"--provider {args.provider}: {exc}") from None
+    args.tolerance = _tolerance(args)
+
+
+def _check_file(name: str, what: str, missing: str | None = None) -> None:
+    import os
+
+    if not os.path.exists(name):
+        raise _CompareError(missing or f"{what} {name!r} does not exist")
+    if os.path.isdir(name):
+        raise _CompareError(f"{what} {name!r} is a directory, not a file")
+
+
+def _tolerance(args: argparse.Namespace) -> Any:
+    """--atol/--rtol/--max-ulp/--budget as a Tolerance (None: the dtype's defaults)."""
+    from .tolerance import Tolerance, parse_budget
+
+    given = {k: getattr(args, k, None) for k in ("atol", "rtol", "max_ulp")}
+    budget = getattr(args, "budget", None)
+    for key, value in given.items():
+        if value is not None:
+            try:
+                Tolerance(**{key: value})
+            except ValueError as exc:
+                raise _CompareError(f"--{key.replace('_', '-')} {_num(value)}: {exc}") from None
+    try:
+        parsed = parse_budget(budget) if budget else None
+        tolerance = Tolerance(**{k: v for k, v in given.items() if v is not None}, budget=parsed)
+    except ValueError as exc:
+        raise _CompareError(str(exc) if str(exc).startswith("--budget") else f"--budget: {exc}") from None
+    return None if tolerance.is_empty else tolerance
+
+
+@dataclass
+class _Model:
+    """A model file ready to run: checked, its feeds' names, dims and ranges parsed against its inputs, and
+    (with --dtype) converted."""
+
+    path: str
+    checked: Any  # CheckedModel
+    specs: Mapping[str, InputSpec]  # the inputs as the file declares them (feeds are drawn for these)
+    given: dict[str, Any]
+    dims: dict[str, int]
+    ranges: dict[str, tuple[float, float]]
+    kernels: dict[tuple[str, str], str]
+    dtype: str
+    converted_from: str | None = None
+    drawn: Any = None  # the model the feeds are drawn for: the file's (a conversion's inputs are cast from them)
+
+    @property
+    def proto(self) -> Any:
+        return self.checked.proto
+
+    def feeds(self, seed: int, device: str) -> dict[str, Any]:
+        """The inputs from --feeds and the others drawn (seed `seed`), cast to the model's input dtypes."""
+        try:
+            feeds = _draw_feeds(self.drawn if self.drawn is not None else self.proto, self.specs, self.given, self.dims, self.ranges, seed=seed, device=device)
+        except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError) as exc:  # what _check_drawable did not foresee
+            raise _CompareError(f"cannot draw feeds for {self.path}: {exc}; give the inputs' values with --feeds FILE.npz") from None
+        return _cast_feeds(feeds, self.proto) if self.converted_from else feeds
+
+
+def _open_model(args: argparse.Namespace, path: str, *, dtype: str | None = None, fed: bool = True) -> _Model:
+    """`path` loaded and checked, --feeds/--dim/--input-range/--ort-kernel parsed against it (unless not `fed`:
+    a model whose feeds come from another), converted to `dtype` (a float32 model only: onnxruntime's float16
+    converter, every node)."""
+    from .model_io import input_specs
+
+    checked = _load_checked(path)
     model = checked.proto
     specs = input_specs(model)
-    given = _load_feeds(args.feeds, specs) if args.feeds else {}
-    dims = _parse_dims(args.dim or (), model, specs, given, args.feeds)
+    if not fed:
+        return _Model(path, checked, specs, {}, {}, {}, {}, _model_dtype(model))
+    given = _load_feeds(args.feeds, specs) if getattr(args, "feeds", None) else {}
+    dims = _parse_dims(args.dim or (), model, specs, given, getattr(args, "feeds", None))
     _check_drawable(specs, given, dims)
-    ranges = _parse_ranges(args.input_range or (), specs, given, args.feeds)
-    kernels = _parse_kernels(args.ort_kernel or (), model)
-    dtype = _model_dtype(model)
+    ranges = _parse_ranges(args.input_range or (), specs, given, getattr(args, "feeds", None))
+    kernels = _parse_kernels(getattr(args, "ort_kernel", None) or (), model)
+    own = _model_dtype(model)
+    opened = _Model(path, checked, specs, given, dims, ranges, kernels, own)
+    if dtype is None or dtype == own:
+        return opened
+    if own != "float32":
+        raise _CompareError(
+            f"--dtype {dtype}: the model computes in {own}; compare converts a float32 model to float16 or bfloat16, not back "
+            "(give the float32 model, or leave --dtype out)"
+        )
+    from .model_io import InvalidModelError, check_model
+    from .precision.keep import convert_half
+
     try:
-        provider = parse_provider(args.provider)
-    except ValueError as exc:
-        raise _CompareError(f"--provider: {exc}") from None
+        converted = convert_half(model, (), dtype=dtype, keep_io_types=False, op_block_list=[])
+        opened.checked = check_model(converted, subject=f"{path} converted to {dtype}")
+    except (InvalidModelError, ValueError) as exc:
+        raise _CompareError(f"--dtype {dtype}: onnxruntime's float16 converter cannot convert {path}: {exc}") from None
+    opened.dtype, opened.converted_from, opened.drawn = dtype, own, model
+    return opened
+
+
+def _cast_feeds(feeds: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """Floating feeds cast to the model's floating input dtypes (a float16 conversion takes float16 inputs)."""
+    from .model_io import input_specs
+
+    specs = input_specs(model)
+    out = {}
+    for name, value in feeds.items():
+        want = specs[name].torch_dtype if name in specs else None
+        if want is not None and value.is_floating_point() and want.is_floating_point and value.dtype != want:
+            value = value.to(want)
+        out[name] = value
+    return out
+
+
+def _notes(args: argparse.Namespace, m: _Model) -> str:
+    """"; feeds from F: x; input ranges: ids=[0, 2); with onnxruntime: Op": what the first line adds."""
+    notes = ""
+    if m.converted_from:
+        notes += f"; converted from {m.converted_from} by onnxruntime's float16 converter, every node"
+    if m.given:
+        notes += f"; feeds from {args.feeds}: {', '.join(m.given)}"
+    if m.ranges:
+        notes += "; input ranges: " + ", ".join(f"{n}=[{_num(lo)}, {_num(hi)})" for n, (lo, hi) in m.ranges.items())
+    if m.kernels:
+        notes += f"; with onnxruntime: {', '.join(args.ort_kernel)}"
+    if getattr(args, "missing", "error") == "ort":
+        notes += "; ops without a torch kernel on onnxruntime"
+    return notes
+
+
+_T = TypeVar("_T")
+
+
+def _engine(run: Callable[[], _T], m: _Model) -> _T:
+    """`run()`, what the runtimes refuse (an op without a kernel, a model onnxruntime rejects) as one line."""
+    try:
+        return run()
+    except Exception as exc:
+        error = _engine_error(exc, m)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _engine_error(exc: BaseException, m: _Model) -> _CompareError | None:
+    """The one line for what running the model raised (None: not a refusal we know; raised as it is)."""
+    from .check import OrtRunError, UnsupportedByProvider, _from_onnxruntime
+    from .runtimes.evaluator import MissingKernelError
+
+    if isinstance(exc, UnsupportedByProvider):  # a (provider, dtype, op) onnxruntime does not implement
+        return _CompareError(exc.reason)
+    if isinstance(exc, MissingKernelError):
+        return _CompareError(_missing_kernel_message(exc))
+    hint = _drawn_hint(m.proto, m.specs, m.given, m.ranges)
+    if isinstance(exc, OrtRunError):
+        return _CompareError(f"onnxruntime cannot run {m.path}: {exc.detail}{hint}")
+    if _from_onnxruntime(exc):
+        text = str(exc).strip()
+        return _CompareError(f"onnxruntime cannot run {m.path}: {text.splitlines()[0] if text else type(exc).__name__}{hint}")
+    return None
+
+
+def _unavailable(provider: str) -> None:
+    from .providers import unavailable_reason
+
     why = unavailable_reason(provider)
     if why:
-        raise _CompareError(f"--provider {args.provider}: {why}")
-    checker = Checker(provider, dtype)
+        raise _CompareError(f"--provider {provider}: {why}")
+
+
+def _tolerance_json(tol: Any) -> dict[str, Any]:
+    """A resolved Tolerance as the JSON output states it."""
+    budget = dict(tol.budget) if tol.budget else None
+    return {
+        "atol": None if tol.atol is None else float(tol.atol),
+        "rtol": None if tol.rtol is None else float(tol.rtol),
+        "max_ulp": None if tol.max_ulp is None else float(tol.max_ulp),
+        "budget": None if budget is None else {repr(float(t)): float(f) for t, f in sorted(budget.items())},
+        "text": tol.describe(),
+    }
+
+
+def _run_json(args: argparse.Namespace, command: str, m: _Model, provider: str) -> dict[str, Any]:
+    """The fields every model command's JSON starts with (schema version 1: keys are only ever added)."""
+    return {
+        "schema": _JSON_SCHEMA,
+        "command": command,
+        "model": m.path,
+        "provider": provider,
+        "dtype": m.dtype,
+        "converted_from": m.converted_from,
+        "dims": dict(m.dims),
+        "seed": args.seed,
+        "feeds": {"file": args.feeds, "inputs": list(m.given)} if m.given else None,
+        "input_ranges": {n: [lo, hi] for n, (lo, hi) in m.ranges.items()},
+        "ort_kernels": list(args.ort_kernel or ()),
+        "missing": args.missing,
+    }
+
+
+#: the version of the JSON that compare, blame and diff print with --json
+_JSON_SCHEMA = 1
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """`compare MODEL`: the torch evaluator vs onnxruntime on the model's own (or --dtype's) dtype; exit 0
+    within the tolerance, 1 beyond it."""
+    from .check import Checker, ToleranceBroken
+
+    _unavailable(args.provider)
+    m = _open_model(args, args.model, dtype=args.dtype)
+    checker = Checker(args.provider, m.dtype, tolerance=args.tolerance)
+    feeds = m.feeds(args.seed, checker.device)
+    if not args.json:
+        _say(f"{args.model}: torch evaluator vs onnxruntime {checker.provider} {m.dtype}, dims {m.dims}, seed {args.seed}{_notes(args, m)}")
     try:
-        feeds = _draw_feeds(model, specs, given, dims, ranges, seed=args.seed, device=checker.device)
-    except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError) as exc:  # what _check_drawable did not foresee
-        raise _CompareError(f"cannot draw feeds for {args.model}: {exc}; give the inputs' values with --feeds FILE.npz") from None
-    notes = ""
-    if given:
-        notes += f"; feeds from {args.feeds}: {', '.join(given)}"
-    if ranges:
-        notes += "; input ranges: " + ", ".join(f"{n}=[{_num(lo)}, {_num(hi)})" for n, (lo, hi) in ranges.items())
-    if kernels:
-        notes += f"; with onnxruntime: {', '.join(args.ort_kernel)}"
-    if args.missing == "ort":
-        notes += "; ops without a torch kernel on onnxruntime"
-    print(f"{args.model}: torch evaluator vs onnxruntime {checker.provider} {dtype}, dims {dims}, seed {args.seed}{notes}")
-    try:
-        result = checker.check(checked, feeds, kernels=kernels or None, missing=args.missing)  # (checked once, run from its file above 2 GB)
+        result = _engine(lambda: checker.check(m.checked, feeds, kernels=m.kernels or None, missing=args.missing), m)  # (checked once, run from its file above 2 GB)
     except ToleranceBroken as exc:
-        print(exc)
-        return 1
-    except UnsupportedByProvider as exc:  # a (provider, dtype, op) onnxruntime does not implement
-        raise _CompareError(exc.reason) from None
-    except MissingKernelError as exc:
-        raise _CompareError(_missing_kernel_message(exc)) from None
-    except OrtRunError as exc:
-        raise _CompareError(f"onnxruntime cannot run {args.model}: {exc.detail}{_drawn_hint(model, specs, given, ranges)}") from None
-    print(f"passed ({checker.tolerance.describe()})")
-    line = result.ran_on_ort_line()
-    if line:
-        print(line)
-    for note in result.notes:
-        print(f"note: {note}")
-    print(result.report.render())
+        result = exc.result
+    if args.json:
+        data = _run_json(args, "compare", m, checker.provider)
+        data.update(
+            tolerance=_tolerance_json(checker.tolerance),
+            passed=result.passed,
+            violations=[{"rule": v.rule, "output": v.output, "message": v.message} for v in result.violations],
+            ran_on_ort=list(result.ran_on_ort),
+            notes=list(result.notes),
+            report=result.report.to_dict(),
+        )
+        print(json.dumps(data, indent=1))
+    elif result.passed:
+        notes = "\n".join(f"note: {note}" for note in result.notes)
+        _say("\n".join(x for x in (f"passed ({checker.tolerance.describe()})", result.ran_on_ort_line(), notes, result.report.render()) if x))
+    else:
+        _say(result.render())
+    return 0 if result.passed else 1
+
+
+def _blame(args: argparse.Namespace) -> int:
+    """`blame MODEL`: every node swapped to onnxruntime in turn (pytest_ortdiff.blame); exit 0 with the
+    table, whatever the gap."""
+    from .check import Checker
+
+    _unavailable(args.provider)
+    m = _open_model(args, args.model, dtype=args.dtype)
+    checker = Checker(args.provider, m.dtype, tolerance=args.tolerance)
+    feeds = m.feeds(args.seed, checker.device)
+    if not args.json:
+        _say(f"{args.model}: blame, torch evaluator vs onnxruntime {checker.provider} {m.dtype}, dims {m.dims}, seed {args.seed}{_notes(args, m)}")
+    table = _engine(lambda: checker.blame(m.checked, feeds, kernels=m.kernels or None, missing=args.missing), m)
+    if args.json:
+        data = _run_json(args, "blame", m, checker.provider)
+        data.update(tolerance=_tolerance_json(checker.tolerance), blame=table.to_dict())
+        print(json.dumps(data, indent=1))
+    else:
+        _say(table.render(top=args.top))
     return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    """`diff ORIGINAL DEPLOYED`: two model files of one function (an export and its optimized, float16 or
+    quantized form) on onnxruntime with the same feeds, output to output, then value by value
+    (pytest_ortdiff.align) with the first divergence named; exit 0 within the tolerance, 1 beyond it."""
+    from .check import Checker
+    from .diff import DEFAULT_THRESHOLDS, compare
+    from .model_io import input_specs
+    from .tolerance import Tolerance
+
+    _unavailable(args.provider)
+    a = _open_model(args, args.original)
+    b = _open_model(args, args.deployed, fed=False)  # (its feeds are the original's, cast)
+    a_names, b_specs = list(a.specs), input_specs(b.proto)
+    # inputs by name, else by position (two exporters name inputs differently), as align matches them
+    if set(b_specs) != set(a_names) and len(b_specs) != len(a_names):
+        raise _CompareError(
+            f"{args.deployed} has {len(b_specs)} input(s) ({', '.join(b_specs)}) and {args.original} {len(a_names)} ({', '.join(a_names)}): "
+            "diff runs two models of one function on the same feeds, matched by name or else by position"
+        )
+    by_name = set(b_specs) == set(a_names)
+    runner = Checker(args.provider, a.dtype)
+    feeds_a = a.feeds(args.seed, runner.device)
+    feeds_b = _cast_feeds({n if by_name else bn: feeds_a[n] for n, bn in zip(a_names, b_specs, strict=True)}, b.proto)
+    out_a = _engine(lambda: runner.run_ort(a.checked, feeds_a), a)
+    out_b = _engine(lambda: Checker(args.provider, b.dtype).run_ort(b.checked, feeds_b), b)
+    pairs = _output_pairs(args, a.proto, b.proto)
+    expected, got, compared = {}, {}, []
+    for (ia, na), (ib, nb) in pairs:
+        ea, gb, as_dtype = _comparable(out_a[ia], out_b[ib])
+        expected[na], got[na] = ea, gb
+        compared.append({"original": na, "deployed": nb, "compared_as": as_dtype})
+    dtypes = list(dict.fromkeys(c["compared_as"] for c in compared))
+    tol = args.tolerance or Tolerance()
+    report = compare(expected, got, thresholds=sorted({*DEFAULT_THRESHOLDS, *tol.thresholds}), tolerance=tol)
+    violations = tol.check(report)
+    shown = tol.for_dtype(dtypes[0])
+    # every pair judged by the tolerance the outputs are (not each pair's narrower dtype's defaults): the first
+    # divergence is then the first value beyond what the outputs were allowed
+    alignment, why_not = _alignment(args, a, b, feeds_a, args.tolerance or shown)
+    if args.json:
+        data = {
+            "schema": _JSON_SCHEMA,
+            "command": "diff",
+            "original": args.original,
+            "deployed": args.deployed,
+            "provider": args.provider,
+            "dtype": ", ".join(dtypes),
+            "dims": dict(a.dims),
+            "seed": args.seed,
+            "feeds": {"file": args.feeds, "inputs": list(a.given)} if a.given else None,
+            "input_ranges": {n: [lo, hi] for n, (lo, hi) in a.ranges.items()},
+            "tolerance": _tolerance_json(shown),
+            "passed": not violations,
+            "violations": [{"rule": v.rule, "output": v.output, "message": v.message} for v in violations],
+            "outputs": compared,
+            "report": report.to_dict(),
+            "alignment": alignment.to_dict() if alignment is not None else {"error": why_not},
+        }
+        print(json.dumps(data, indent=1))
+        return 1 if violations else 0
+    lines = [
+        f"{args.original} -> {args.deployed}: onnxruntime {args.provider}, the same feeds (dims {a.dims}, seed {args.seed}{_notes(args, a)}), "
+        f"outputs compared as {', '.join(dtypes)}" + ("" if by_name else " (inputs and outputs matched by position)")
+    ]
+    if violations:
+        lines.append(f"outputs moved beyond the tolerance ({shown.describe()}):")
+        lines += [f"  - {v}" for v in violations]
+    else:
+        lines.append(f"outputs within the tolerance ({shown.describe()})")
+    lines.append(report.render())
+    lines.append("node by node (the values of the two graphs aligned):")
+    lines.append(alignment.render(around=args.around) if alignment is not None else f"  not aligned: {why_not}")
+    _say("\n".join(lines))
+    return 1 if violations else 0
+
+
+def _output_pairs(args: argparse.Namespace, a: Any, b: Any) -> list[tuple[tuple[int, str], tuple[int, str]]]:
+    """The outputs of the two models paired: by name when the deployed model has every output of the
+    original, else by position."""
+    na, nb = [o.name for o in a.graph.output], [o.name for o in b.graph.output]
+    if all(n in nb for n in na):
+        return [((i, n), (nb.index(n), n)) for i, n in enumerate(na)]
+    if len(na) == len(nb):
+        return list(zip(enumerate(na), enumerate(nb), strict=True))
+    raise _CompareError(
+        f"{args.deployed} has {len(nb)} output(s) ({', '.join(nb)}) and {args.original} {len(na)} ({', '.join(na)}): "
+        "diff compares outputs matched by name or else by position"
+    )
+
+
+def _comparable(a: Any, b: Any) -> tuple[Any, Any, str]:
+    """Two outputs in one dtype: the narrower floating one when both are floating (float32 against a float16
+    deployment: the original rounded to float16, its ULPs the deployment's), the floating one when one is,
+    int64 when neither is."""
+    import torch
+
+    from .dtypes import dtype_of
+
+    fa, fb = a.is_floating_point(), b.is_floating_point()
+    if fa and fb:
+        target = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
+    elif fa or fb:
+        target = a.dtype if fa else b.dtype
+    else:
+        target = a.dtype if a.dtype == b.dtype else torch.int64
+    return a.to(target), b.to(target), dtype_of(target).short
+
+
+def _alignment(args: argparse.Namespace, a: _Model, b: _Model, feeds: Mapping[str, Any], tol: Any) -> tuple[Any, str]:
+    """compare_executions of the two models on the feeds (None and why, when they cannot be aligned: the
+    outputs' verdict stands without it)."""
+    from .align import compare_executions
+
+    try:
+        return compare_executions(a.proto, b.proto, feeds, provider=args.provider, tolerance=tol, labels=(args.original, args.deployed)), ""
+    except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
+        return None, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _precision(args: argparse.Namespace) -> int:
+    """`precision MODEL`: the audit table and keep_float32's report (pytest_ortdiff.precision) on drawn or
+    given feeds; exit 0 for a verified list, 1 when none meets the budget, 2 for bad arguments."""
+    from .precision.keep import keep_float32
+    from .providers import torch_device
+
+    if args.samples < 1:
+        raise _CompareError(f"--samples {args.samples}: expected at least one sample")
+    _unavailable(args.provider)
+    m = _open_model(args, args.model)
+    feeds = [m.feeds(args.seed + i, torch_device(args.provider)) for i in range(args.samples)]
+    try:
+        report = _engine(lambda: keep_float32(m.proto, feeds, dtype=args.dtype, tolerance=args.tolerance, provider=args.provider, missing=args.missing), m)
+        if args.write_converted and report.converted_model is not None:
+            report.write_converted(args.write_converted)
+    except (ValueError, OSError) as exc:
+        raise _CompareError(str(exc)) from None
+    assert report.audit is not None
+    seeds = f"seed {args.seed}" if args.samples == 1 else f"seeds {args.seed} and {args.seed + 1}" if args.samples == 2 else f"seeds {args.seed} to {args.seed + args.samples - 1}"
+    samples = f"{args.samples} sample{'' if args.samples == 1 else 's'} ({seeds})"
+    _say(f"{args.model}: {samples}, dims {m.dims}{_notes(args, m)}\n\n{report.audit.render()}\n\n{report.render()}")
+    if args.write_converted:
+        print(f"\nwrote {args.write_converted}" if report.converted_model is not None else f"\nnot written: {args.write_converted} (no verified list)")
+    return 0 if report.verified else 1
 
 
 def _load_checked(name: str) -> Any:
@@ -295,42 +722,114 @@ def _load_checked(name: str) -> Any:
 
 def _load_feeds(path: str, specs: Mapping[str, InputSpec]) -> dict[str, Any]:
     """--feeds FILE.npz: named arrays for some of the model's inputs, each checked against its input
-    (dtype, rank, fixed dims), and the symbolic dims they share consistent."""
+    (dtype, rank, fixed dims), and the symbolic dims they share consistent. The file is someone else's: its
+    members' names are checked before any is read, and each member's header before its data is inflated,
+    at most _MAX_FEED_BYTES of it (a 472-byte file must not claim 40 TB, a 1 MB one inflate to a GiB)."""
     import zipfile
 
-    import numpy as np
     import torch
 
     from .model_io import check_feed, feed_dims
 
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise _CompareError(f"--feeds {path}: the file does not exist") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise _CompareError(f"--feeds {path}: not a .npz file of named arrays ({exc}); write one with numpy.savez(path, input_name=array, ...)") from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise _CompareError(f"--feeds {path}: a single array, not a .npz file of named arrays; write one with numpy.savez(path, input_name=array, ...)")
-    with loaded:
-        try:
-            arrays = {name: loaded[name] for name in loaded.files}
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
-            raise _CompareError(f"--feeds {path}: cannot read its arrays ({exc})") from None
+    how = "write one with numpy.savez(path, input_name=array, ...)"
     inputs = ", ".join(f"{n}: {s.describe()}" for n, s in specs.items())
-    if not arrays:
-        raise _CompareError(f"--feeds {path}: the file holds no arrays; the model's inputs: {inputs}")
-    unknown = [n for n in arrays if n not in specs]
-    if unknown:
-        unnamed = all(re.fullmatch(r"arr_\d+", n) for n in unknown)
-        how = "; save them by name: numpy.savez(path, input_name=array, ...)" if unnamed else ""
-        raise _CompareError(f"--feeds {path}: {', '.join(map(repr, unknown))} {'is not an input' if len(unknown) == 1 else 'are not inputs'} of the model; its inputs: {inputs}{how}")
+    try:
+        z = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        with open(path, "rb") as f:
+            single = f.read(6) == b"\x93NUMPY"
+        what = "a single array, not a .npz file of named arrays" if single else "not a .npz file of named arrays (not a zip file)"
+        raise _CompareError(f"--feeds {path}: {what}; {how}") from None
+    except OSError as exc:
+        raise _CompareError(f"--feeds {path}: cannot read it ({exc.strerror or exc})") from None
+    with z:
+        members = z.infolist()
+        odd = [i.filename for i in members if not i.filename.endswith(".npy")]
+        if odd:
+            raise _CompareError(f"--feeds {path}: {odd[0]!r} is not an array (.npy): not a file numpy.savez wrote; {how}")
+        names = [i.filename[:-4] for i in members]
+        if not names:
+            raise _CompareError(f"--feeds {path}: the file holds no arrays; the model's inputs: {inputs}")
+        unknown = list(dict.fromkeys(n for n in names if n not in specs))
+        if unknown:
+            unnamed = all(re.fullmatch(r"arr_\d+", n) for n in unknown)
+            hint = "; save them by name: numpy.savez(path, input_name=array, ...)" if unnamed else ""
+            raise _CompareError(f"--feeds {path}: {', '.join(map(repr, unknown))} {'is not an input' if len(unknown) == 1 else 'are not inputs'} of the model; its inputs: {inputs}{hint}")
+        twice = [n for n in names if names.count(n) > 1]
+        if twice:
+            raise _CompareError(f"--feeds {path}: {twice[0]!r} is in the file twice; {how}")
+        arrays = {name: _read_member(z, info, name, path) for name, info in zip(names, members, strict=True)}
     try:
         for name, arr in arrays.items():
             check_feed(specs[name], arr)
         feed_dims(specs, arrays)
     except (TypeError, ValueError) as exc:
         raise _CompareError(f"--feeds {path}: {exc}") from None
-    return {name: torch.from_numpy(np.ascontiguousarray(arr)) for name, arr in arrays.items()}
+    return {name: torch.from_numpy(arr) for name, arr in arrays.items()}
+
+
+#: the most bytes --feeds reads of one member, and of an .npy header (numpy's own default cap)
+_MAX_FEED_BYTES = 2**31
+_NPY_HEADER_MAX = 10_000
+
+
+def _read_member(z: Any, info: Any, name: str, path: str) -> Any:
+    """One .npy member: its header read first, its data inflated only up to the size the header claims,
+    which must be at most _MAX_FEED_BYTES; an array of Python objects is refused (numpy would unpickle it)."""
+    import io
+    import math
+    import zlib
+
+    import numpy as np
+
+    try:
+        with z.open(info) as f:
+            head = f.read(_NPY_HEADER_MAX + 16)
+            buf = io.BytesIO(head)
+            version = np.lib.format.read_magic(buf)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(buf, max_header_size=_NPY_HEADER_MAX)
+            if dtype.hasobject:
+                raise _CompareError(f"--feeds {path}: {name!r} holds Python objects, which --feeds does not read (they would be unpickled)")
+            count = math.prod(shape)
+            nbytes = count * dtype.itemsize
+            if nbytes > _MAX_FEED_BYTES:
+                raise _CompareError(
+                    f"--feeds {path}: {name!r} claims shape {tuple(shape)} of {dtype.name}: {nbytes:,} bytes, more than --feeds reads ({_MAX_FEED_BYTES:,} bytes a member)"
+                )
+            data = bytearray(nbytes)
+            rest = head[buf.tell() :][:nbytes]
+            data[: len(rest)] = rest
+            got = len(rest)
+            view = memoryview(data)
+            while got < nbytes:
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            extra = len(head) - buf.tell() > nbytes or bool(f.read(1))
+    except _CompareError:
+        raise
+    except (ValueError, OSError, EOFError, zlib.error, NotImplementedError, SyntaxError) as exc:  # (a header numpy cannot parse, a damaged stream)
+        raise _CompareError(f"--feeds {path}: {name!r} is not an array numpy.save wrote ({exc})") from None
+    if got != nbytes or extra:
+        raise _CompareError(f"--feeds {path}: {name!r}: its header says shape {tuple(shape)} of {dtype.name} ({nbytes:,} bytes), its data is {'shorter' if got < nbytes else 'longer'}")
+    arr = np.frombuffer(data, dtype=dtype, count=count)
+    arr = arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
+    return np.ascontiguousarray(arr.astype(dtype.newbyteorder("="), copy=False))
+
+
+def _dim_items(items: Sequence[str]) -> list[tuple[str, int]]:
+    """--dim NAME=VALUE, well formed."""
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.strip().isdigit():
+            raise _CompareError(f"--dim {item!r}: expected NAME=VALUE with a positive integer, e.g. --dim batch=2")
+        if not 1 <= int(value) <= _MAX_DIM:
+            raise _CompareError(f"--dim {item}: expected a positive integer up to {_MAX_DIM:,}, e.g. --dim {name}=2")
+        out.append((name, int(value)))
+    return out
 
 
 def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec], given: Mapping[str, Any], feeds_file: str | None) -> dict[str, int]:
@@ -343,20 +842,15 @@ def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec]
     dims: dict[str, int] = dict(fixed)
     # the dims the model itself fixes (a weight's size exported as a symbolic dim), or makes equal to another
     pins = pinned_dims(model) if any(d not in fixed for d in known) else PinnedDims()
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value.strip().isdigit():
-            raise _CompareError(f"--dim {item!r}: expected NAME=VALUE with a positive integer, e.g. --dim batch=2")
-        if not 1 <= int(value) <= _MAX_DIM:
-            raise _CompareError(f"--dim {item}: expected a positive integer up to {_MAX_DIM:,}, e.g. --dim {name}=2")
+    for (name, value), item in zip(_dim_items(items), items, strict=True):
         if name not in known:
             where = f"its symbolic dims: {', '.join(known)}" if known else "its inputs have none"
             raise _CompareError(f"--dim {item}: the model has no symbolic dim {name!r}; {where}")
-        if name in fixed and fixed[name] != int(value):
+        if name in fixed and fixed[name] != value:
             raise _CompareError(f"--dim {item}: the feeds in {feeds_file} have {name}={fixed[name]}; drop --dim {name} or change the file")
-        if name in pins.fixed and pins.fixed[name] != int(value):
+        if name in pins.fixed and pins.fixed[name] != value:
             raise _CompareError(f"--dim {item}: {pins.why(name)}, and onnxruntime fails on any other value; drop --dim {name} (it is taken as {pins.fixed[name]})")
-        dims[name] = int(value)
+        dims[name] = value
     for name, pinned in pins.fixed.items():
         dims.setdefault(name, pinned)
     for name, other in pins.same.items():
@@ -406,18 +900,29 @@ def _check_drawable(specs: Mapping[str, InputSpec], given: Mapping[str, Any], di
             )
 
 
+_RANGE_EXAMPLE = "e.g. --input-range token_type_ids=0:2 (HI excluded: draws 0 and 1)"
+
+
+def _range_items(items: Sequence[str]) -> list[tuple[str, str, str]]:
+    """--input-range NAME=LO:HI, well formed: (NAME, LO, HI) as text (their type is the input's)."""
+    out = []
+    for item in items:
+        name, sep, text = item.partition("=")
+        lo_text, sep2, hi_text = text.partition(":")
+        if not (sep and sep2 and name and lo_text.strip() and hi_text.strip()):
+            raise _CompareError(f"--input-range {item!r}: expected NAME=LO:HI, {_RANGE_EXAMPLE}")
+        out.append((name, lo_text, hi_text))
+    return out
+
+
 def _parse_ranges(items: Sequence[str], specs: Mapping[str, InputSpec], given: Mapping[str, Any], feeds_file: str | None) -> dict[str, tuple[float, float]]:
     """--input-range NAME=LO:HI: the values a drawn input takes, LO included and HI excluded (integers:
     0:2 draws 0 and 1, as range(0, 2))."""
     from .dtypes import DType
 
     ranges: dict[str, tuple[float, float]] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        lo_text, sep2, hi_text = text.partition(":")
-        example = "e.g. --input-range token_type_ids=0:2 (HI excluded: draws 0 and 1)"
-        if not (sep and sep2 and name and lo_text.strip() and hi_text.strip()):
-            raise _CompareError(f"--input-range {item!r}: expected NAME=LO:HI, {example}")
+    for (name, lo_text, hi_text), item in zip(_range_items(items), items, strict=True):
+        example = _RANGE_EXAMPLE
         if name not in specs:
             raise _CompareError(f"--input-range {item}: the model has no input {name!r}; its inputs: {', '.join(specs)}")
         if name in given:
@@ -478,17 +983,24 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _parse_kernels(items: Sequence[str], model: Any) -> dict[tuple[str, str], str]:
-    """--ort-kernel OP or DOMAIN::OP -> TorchEvaluator's kernels={(domain, op): "ort"}."""
-    ops = sorted({_op_label(n.domain, n.op_type) for n in model.graph.node})
-    kernels: dict[tuple[str, str], str] = {}
+def _kernel_items(items: Sequence[str]) -> list[tuple[str, str]]:
+    """--ort-kernel OP or DOMAIN::OP, well formed: (domain, op), the default domain as ""."""
+    out = []
     for item in items:
         domain, _, op = item.rpartition("::")
         if not op or (item.count("::") and not domain):
             raise _CompareError(
                 f"--ort-kernel {item!r}: expected OP or DOMAIN::OP, e.g. --ort-kernel LayerNormalization or --ort-kernel com.microsoft::FusedMatMul"
             )
-        domain = "" if domain == "ai.onnx" else domain
+        out.append(("" if domain == "ai.onnx" else domain, op))
+    return out
+
+
+def _parse_kernels(items: Sequence[str], model: Any) -> dict[tuple[str, str], str]:
+    """--ort-kernel OP or DOMAIN::OP -> TorchEvaluator's kernels={(domain, op): "ort"}."""
+    ops = sorted({_op_label(n.domain, n.op_type) for n in model.graph.node})
+    kernels: dict[tuple[str, str], str] = {}
+    for (domain, op), item in zip(_kernel_items(items), items, strict=True):
         if _op_label(domain, op) not in ops:
             raise _CompareError(f"--ort-kernel {item}: the model has no {item} node; its ops: {', '.join(ops)}")
         kernels[(domain, op)] = "ort"
@@ -529,43 +1041,6 @@ def _model_dtype(model: Any) -> str:
     return "float32"
 
 
-def _precision(args: argparse.Namespace) -> int:
-    """`precision MODEL`: the audit table and keep_float32's report (pytest_ortdiff.precision) on drawn or
-    given feeds; exit 0 for a verified list, 1 when none meets the budget, 2 for bad arguments."""
-    from .model_io import input_specs
-    from .precision.keep import keep_float32, parse_budget
-    from .providers import parse_provider, torch_device, unavailable_reason
-
-    try:
-        if args.samples < 1 or not 0 <= args.seed < 2**63 - args.samples:
-            raise _CompareError(f"--samples {args.samples} --seed {args.seed}: expected at least one sample and a seed from 0 to 2**63-1")
-        provider = parse_provider(args.provider)
-        if unavailable_reason(provider):
-            raise _CompareError(f"--provider {args.provider}: {unavailable_reason(provider)}")
-        model = _load_checked(args.model).proto
-        specs = input_specs(model)
-        given = _load_feeds(args.feeds, specs) if args.feeds else {}
-        dims = _parse_dims(args.dim or (), model, specs, given, args.feeds)
-        _check_drawable(specs, given, dims)
-        ranges = _parse_ranges(args.input_range or (), specs, given, args.feeds)
-        feeds = [_draw_feeds(model, specs, given, dims, ranges, seed=args.seed + i, device=torch_device(provider)) for i in range(args.samples)]
-        tolerance = {"budget": parse_budget(args.budget)} if args.budget else None
-        report = keep_float32(model, feeds, dtype=args.dtype, tolerance=tolerance, provider=provider)
-        if args.write_converted and report.converted_model is not None:
-            report.write_converted(args.write_converted)
-    except (_CompareError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:  # MissingKernelError: one line, not a traceback (its message lists every known op)
-        print(f"error: {str(exc).split(';')[0]}; the audit and the keep-in-float32 search run every node on torch kernels", file=sys.stderr)
-        return 2
-    assert report.audit is not None
-    print(f"{args.model}: {args.samples} input(s), dims {dims}, seed {args.seed}\n\n{report.audit.render()}\n\n{report.render()}")
-    if args.write_converted:
-        print(f"\nwrote {args.write_converted}" if report.converted_model is not None else f"\nnot written: {args.write_converted} (no verified list)")
-    return 0 if report.verified else 1
-
-
 def _demo(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -579,9 +1054,55 @@ def _demo(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, "-m", "pytest", *pytest_args])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from . import conformance  # light: numpy only, until a command runs it
+def _model_arguments(p: argparse.ArgumentParser, *, kernels: bool = True, missing: bool = True) -> None:
+    """The arguments of every command that runs a model file: provider, feeds, dims, ranges, seed, and for those
+    that run the torch evaluator what it does with an op it has no kernel for."""
+    p.add_argument("--provider", default="CPU", help="the onnxruntime provider: CPU (default), CUDA, ...")
+    p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="a symbolic dim of the inputs, e.g. --dim batch=2 (repeat)")
+    p.add_argument("--feeds", metavar="FILE.npz", help="named inputs from a file written by numpy.savez(path, input_name=array, ...); the inputs it lacks are drawn")
+    p.add_argument(
+        "--input-range",
+        action="append",
+        metavar="NAME=LO:HI",
+        help="draw input NAME in [LO, HI), HI excluded (integers: token_type_ids=0:2 draws 0 and 1; default: floats [-1, 1), integers [0, 10)) (repeat)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the seed of the drawn inputs (default 0)")
+    if kernels:
+        p.add_argument(
+            "--ort-kernel",
+            action="append",
+            metavar="OP",
+            help="run this op (OP, or DOMAIN::OP such as com.microsoft::FusedMatMul) with onnxruntime inside the torch "
+            "evaluator as well, as kernels={(domain, op): 'ort'} does: for an op it has no torch kernel for (repeat)",
+        )
+    if not missing:  # (diff runs onnxruntime only)
+        return
+    p.add_argument(
+        "--missing",
+        choices=("error", "ort"),
+        default="error",
+        help="an op the torch evaluator has no kernel for: 'error' (default) names them all; 'ort' runs each on onnxruntime, and the output says which",
+    )
 
+
+def _dtype_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help=what)
+
+
+def _tolerance_arguments(p: argparse.ArgumentParser, default: str = "(default: the dtype's atol/rtol; any flag given replaces them all)") -> None:
+    p.add_argument("--atol", type=float, metavar="X", help=f"absolute tolerance: |expected - got| <= atol + rtol * |expected| {default}")
+    p.add_argument("--rtol", type=float, metavar="X", help="relative tolerance (with --atol; the other one is 0 when only one is given)")
+    p.add_argument("--max-ulp", type=float, metavar="N", help="at most N units in the last place of the dtype, at the output's scale (floored ULPs)")
+    p.add_argument(
+        "--budget",
+        action="append",
+        metavar="T:F",
+        help="at most the share F of elements off by more than T, e.g. --budget 0.01:0.001 --budget 1:0 (repeat)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m pytest_ortdiff", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
@@ -614,59 +1135,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="exit 1 when any check failed, any test failed or errored (with or without a check), or two jobs report one cell differently (a conflict)",
     )
     p.set_defaults(func=_merge)
-    p = sub.add_parser("compare", help="torch evaluator vs onnxruntime on a model file, with random feeds")
-    p.add_argument("model")
-    p.add_argument("--provider", default="CPU")
-    p.add_argument("--dim", action="append", help="a symbolic dim, NAME=VALUE (repeat)")
-    p.add_argument(
-        "--ort-kernel",
-        action="append",
-        metavar="OP",
-        help="run this op (OP, or DOMAIN::OP such as com.microsoft::FusedMatMul) with onnxruntime inside the torch "
-        "evaluator as well, as kernels={(domain, op): 'ort'} does: for an op it has no torch kernel for (repeat)",
-    )
-    p.add_argument(
-        "--missing",
-        choices=("error", "ort"),
-        default="error",
-        help="an op the torch evaluator has no kernel for: 'error' (default) names them all; 'ort' runs each on onnxruntime, and the output says which",
-    )
-    p.add_argument("--feeds", metavar="FILE.npz", help="named inputs from a file written by numpy.savez(path, input_name=array, ...); the inputs it lacks are drawn")
-    p.add_argument(
-        "--input-range",
-        action="append",
-        metavar="NAME=LO:HI",
-        help="draw input NAME in [LO, HI), HI excluded (integers: token_type_ids=0:2 draws 0 and 1; default: floats [-1, 1), integers [0, 10)) (repeat)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_compare)
-    p = sub.add_parser("precision", help="float16/bfloat16 range audit of a float32 model and its smallest verified keep-in-float32 list")
-    p.add_argument("model")
-    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
-    p.add_argument("--provider", default="CPU")
-    p.add_argument("--dim", action="append", help="a symbolic dim, NAME=VALUE (repeat)")
-    p.add_argument("--feeds", metavar="FILE.npz", help="named inputs (numpy.savez(path, input_name=array, ...)); the inputs it lacks are drawn")
-    p.add_argument("--input-range", action="append", metavar="NAME=LO:HI", help="draw input NAME in [LO, HI) (repeat)")
-    p.add_argument("--samples", type=int, default=4, help="inputs to audit and search on (seeds SEED, SEED+1, ...; default 4)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget", action="append", metavar="T:F", help="at most the share F of elements off by more than T (repeat; default: the dtype's atol/rtol)")
-    p.add_argument("--write-converted", metavar="OUT.onnx", help="write the model converted with the list")
-    p.set_defaults(func=_precision)
     p = sub.add_parser(
-        "conformance",
-        help="run ONNX's node test suite through the torch evaluator: a table of pass/wrong/unsupported/no kernel/error per op",
-        description=conformance.DESCRIPTION,
+        "compare",
+        help="torch evaluator vs onnxruntime on a model file, with random or given feeds: exit 0 within the tolerance, 1 beyond it",
+        description="Run a model file through the torch evaluator and onnxruntime on the same feeds and compare the outputs "
+        "(the histogram report). Exit status: 0 within the tolerance, 1 beyond it, 2 for a bad model or argument.",
     )
-    conformance.add_arguments(p)
-    p.set_defaults(func=conformance.run_from_args)
+    p.add_argument("model", metavar="MODEL.onnx")
+    _model_arguments(p)
+    _dtype_argument(p, "the dtype to check in (default: the model's own); a float32 model is converted to float16 or bfloat16 first (onnxruntime's converter, every node)")
+    _tolerance_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (schema 1: see the command line reference) instead of the report")
+    p.set_defaults(func=_command(_compare))
+    p = sub.add_parser(
+        "blame",
+        help="which node explains the gap between the torch evaluator and onnxruntime on a model file: the blame table",
+        description="Swap every node of the model to onnxruntime in turn inside the torch evaluator (pytest_ortdiff.blame): how much of the "
+        "gap each explains, its own error, and both runtimes against the float64 oracle. Exit status: 0 with the table, 2 for a bad model or argument.",
+    )
+    p.add_argument("model", metavar="MODEL.onnx")
+    _model_arguments(p)
+    _dtype_argument(p, "the dtype to blame in (default: the model's own); a float32 model is converted to float16 or bfloat16 first")
+    _tolerance_arguments(p, "(blame: which node output is the first to drift; default any difference beyond the dtype's defaults)")
+    p.add_argument("--top", type=int, default=15, metavar="N", help="the nodes the table shows before '... N more nodes' (default 15)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the whole table instead")
+    p.set_defaults(func=_command(_blame))
+    p = sub.add_parser(
+        "diff",
+        help="did a deployment step move the numbers? two model files of one function on the same feeds, output to output and node to node",
+        description="Run ORIGINAL.onnx and DEPLOYED.onnx (its optimized, float16, int4 or quantized form) on onnxruntime with the same feeds "
+        "(drawn for ORIGINAL, cast to each model's input dtypes), compare their outputs (in the narrower dtype of each pair), and align "
+        "their values node to node, naming the first that diverges (pytest_ortdiff.align). Exit status: 0 within the tolerance, 1 beyond it, "
+        "2 for a bad model or argument.",
+    )
+    p.add_argument("original", metavar="ORIGINAL.onnx")
+    p.add_argument("deployed", metavar="DEPLOYED.onnx")
+    _model_arguments(p, kernels=False, missing=False)
+    _tolerance_arguments(p, "(default: the compared dtype's atol/rtol)")
+    p.add_argument("--around", type=int, default=4, metavar="K", help="rows of the node-by-node table shown on either side of the first divergence (default 4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the outputs' report and the whole alignment) instead")
+    p.set_defaults(func=_command(_diff))
+    p = sub.add_parser(
+        "precision",
+        help="float16/bfloat16 range audit of a float32 model and its smallest verified keep-in-float32 list",
+        description="Audit a float32 model for float16 or bfloat16 and search the smallest list of nodes to keep in float32 "
+        "(pytest_ortdiff.precision). Exit status: 0 for a verified list, 1 when none meets the tolerance, 2 for a bad model or argument.",
+    )
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    _model_arguments(p, kernels=False)
+    p.add_argument("--samples", type=int, default=4, help="inputs to audit and search on, drawn with seeds SEED, SEED+1, ... (default 4)")
+    _tolerance_arguments(p, "(default: the dtype's atol/rtol)")
+    p.add_argument("--write-converted", metavar="OUT.onnx", help="write the model converted with the list")
+    p.set_defaults(func=_command(_precision))
+    conformance_help = "run ONNX's node test suite through the torch evaluator: a table of pass/wrong/unsupported/no kernel/error per op"
+    if "conformance" in argv:  # (its options come with its module, which imports numpy: only when it runs)
+        from . import conformance
+
+        p = sub.add_parser("conformance", help=conformance_help, description=conformance.DESCRIPTION)
+        conformance.add_arguments(p)
+        p.set_defaults(func=conformance.run_from_args)
+    else:
+        sub.add_parser("conformance", help=conformance_help)
     p = sub.add_parser(
         "demo",
-        help="run the seeds/000 example suite of the source checkout's examples/ (pip does not install it) on every "
-        "available provider; further arguments go to pytest, e.g. demo -q -x",
+        help="run the example suite of the source checkout's examples/ (LayerNormalization -> MatMul -> Add in float32 and float16; "
+        "pip does not install it) on every available provider; further arguments go to pytest, e.g. demo -q -x",
     )
     p.add_argument("pytest_args", nargs="*", help="arguments for pytest (options too, without a '--')")
     p.set_defaults(func=_demo)
-    argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
     if args.command == "demo":
         # everything after `demo` is pytest's, in its order (argparse would split options from values)

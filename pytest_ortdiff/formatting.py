@@ -4,13 +4,14 @@ so a report, a violation, the summary table and the blame table print the same n
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .dtypes import dtype_of
 
-__all__ = ["g", "index", "pct", "pct_frac", "shortest", "table", "threshold"]
+__all__ = ["cut", "g", "html_text", "index", "markdown_text", "pct", "pct_frac", "printable", "shortest", "table", "threshold"]
 
 
 def g(x: Any, digits: int = 3) -> str:
@@ -120,3 +121,58 @@ def table(head: Sequence[str], body: Sequence[Sequence[str]], *, indent: str = "
         return (indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))).rstrip()
 
     return [line(head), *(line(row) for row in body)]
+
+
+# ------------------------------------------------------------------------------------------------
+# text from someone else's file (a job file's test ids, a model's input names) on a terminal or in markdown
+
+# C0 and C1 controls (ESC starts every ANSI sequence), DEL, and the bidi overrides that reorder a line
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character shown as an escape (`\\x1b`): a name from a file never moves the
+    cursor, recolours, retitles or clears the terminal."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters, "…" saying where it was cut."""
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+#: a word joiner after "@": GitHub makes "@name" a mention (a link, and a notification) and "a@b.c" a mailto link
+_JOINED_AT = "@\u2060"
+_MD_ESCAPES = {"\\": "\\\\", "|": "\\|", "<": "&lt;", ">": "&gt;", "&": "&amp;", "`": "\\`", "*": "\\*", "_": "\\_", "~": "\\~", "[": "\\[", "#": "\\#", "@": _JOINED_AT, "\n": " ", "\r": " "}
+# every character that opens markdown: "[" (links, images, reference definitions, footnotes: none can open,
+# so neither "[x]: url" nor its uses "![a][x]", "[a][x]", "[x]" can form one), "<" and "&" (HTML, entities),
+# "|" (a column), "`", "*", "~" and "_" (code and emphasis; "_" only where it could open or close: test_lnmm and
+# x86_64 stay as they are), "#" (a heading in a list item); and the autolinks of GitHub's extension: "://"
+# ("https\://" is text), "www." at a word's start, and "@" (a mention, an e-mail address)
+_MD_SPECIAL = re.compile(r"[\\|<>&`*~\[#@\r\n]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|:(?=//)|(?<![A-Za-z0-9])www\.", re.IGNORECASE)
+
+
+def markdown_text(text: str, limit: int = 400) -> str:
+    """Text from a file, as plain text in a markdown line (a table cell, a list item) of a pull-request comment:
+    at most `limit` characters of it (a comment has a size limit; one test id must not take it), control
+    characters escaped, and every character that could form a link, an image, a reference definition, HTML, a
+    mention or a column escaped, as GitHub's cmark-gfm reads it."""
+
+    def escape(m: re.Match[str]) -> str:
+        s = m.group()
+        if s == ":":
+            return "\\:"
+        if len(s) == 4:  # www.
+            return s[:3] + "\\."
+        return _MD_ESCAPES[s]
+
+    return printable(_MD_SPECIAL.sub(escape, cut(text, limit)))
+
+
+_HTML_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "@": _JOINED_AT, "\n": " ", "\r": " "}
+
+
+def html_text(text: str, limit: int = 400) -> str:
+    """Text from a file inside the raw HTML of a markdown comment (a `<details>`' summary, where markdown is not
+    read): cut to `limit`, control characters escaped, `&`, `<` and `>` as entities, no mention."""
+    return printable(re.sub(r"[&<>@\r\n]", lambda m: _HTML_ESCAPES[m.group()], cut(text, limit)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import progress
@@ -211,11 +212,23 @@ def fuzz(
 
 
 def _reproduce_line(dtype: str, build: Any, build_dims: Sequence[str], values: Mapping[str, int], regime: str, seed: int) -> str:
-    """The two statements that rebuild a fuzz example's model and feeds."""
-    args = "".join(f", {k}={values[k]}" for k in build_dims if k in values)
-    name = getattr(build, "__name__", "build") if callable(build) else None
-    model = f"model = models.{name}(dtype={dtype!r}{args}); " if name else ""
-    return f"{model}feeds = strategies.make_feeds(model, {dict(values)}, {regime!r}, {seed})"
+    """The statements that rebuild a fuzz example's model and feeds, runnable as they are: the package's
+    builders as `models.NAME`, a user's builder imported from its own module, a model file loaded from its
+    path (a builder defined inside a function cannot be imported: it is named for the reader instead)."""
+    feeds = f"feeds = strategies.make_feeds(model, {dict(values)}, {regime!r}, {seed})"
+    if isinstance(build, str | Path):
+        return f"import onnx; from pytest_ortdiff import strategies; model = onnx.load({str(build)!r}); {feeds}"
+    if not callable(build):
+        return f"from pytest_ortdiff import strategies; {feeds}  (model: the ModelProto given to fuzz)"
+    call = f"(dtype={dtype!r}" + "".join(f", {k}={values[k]}" for k in build_dims if k in values) + ")"
+    module = getattr(build, "__module__", None) or ""
+    qualname = getattr(build, "__qualname__", None) or getattr(build, "__name__", None) or type(build).__name__
+    if module.startswith("pytest_ortdiff.models") and "." not in qualname:
+        return f"from pytest_ortdiff import models, strategies; model = models.{qualname}{call}; {feeds}"
+    if "<" in qualname or not module or module == "__main__":
+        return f"from pytest_ortdiff import strategies; model = {qualname.rpartition('.')[2]}{call}; {feeds}  ({qualname} of {module or 'your code'}: the builder given to fuzz)"
+    top = qualname.split(".")[0]
+    return f"from {module} import {top}; from pytest_ortdiff import strategies; model = {qualname}{call}; {feeds}"
 
 
 def check_dims(target: Any, dims: Any) -> None:

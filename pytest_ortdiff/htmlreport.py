@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .formatting import g, index, pct, pct_frac, threshold
-from .matrix import Cell, Matrix, pivot
+from .matrix import Cell, Job, Matrix, pivot, ran_environment
 from .results import (
     BaselineRow,
     CheckRow,
@@ -126,7 +126,7 @@ def _check_section(c: _Check) -> str:
         f'<details class="check {_cls(verdict)}" id="{c.anchor}"{"" if r.ok else " open"}><summary>'
         f'<span class="badge {_cls(verdict)}">{_e(verdict)}</span> <code>{_e(r.test)}</code> '
         f'<span class="muted">{_e(" · ".join(x for x in (r.provider or "-", r.dtype or "-", c.job) if x))}</span> '
-        f'<span class="nums">max abs {_e(g(r.max_abs))} · max ulp {_e(g(r.max_ulp))}</span></summary><div class="body">'
+        f'<span class="nums">max abs {_e(g(r.max_abs))} · max ulp {_e(g(r.ulp))}</span></summary><div class="body">'
     )
     parts = [head]
     if rep is not None:
@@ -167,7 +167,7 @@ def _numbers(
     items = [
         ("max abs", f"{g(_num(rep.get('max_abs')))} {at}"),
         ("max rel", g(_num(rep.get("max_rel")))),
-        ("max ulp", g(_num(rep.get("max_ulp")))),
+        ("max ulp", _ulp_item(rep)),
         ("mean abs", g(_num(rep.get("mean_abs")))),
         ("elements", f"{n:,} ({_dtype_shape(rep)}); {_differ(rep):,} differ"),
         (
@@ -207,13 +207,21 @@ def _numbers(
         head = "<tr><th>output</th><th>dtype[shape]</th><th>max abs</th><th>max ulp</th><th>differ</th><th>NaN/Inf</th></tr>"
         cells = "".join(
             f"<tr><td><code>{_e(str(o.get('name', '')))}</code></td><td>{_e(_dtype_shape(o))}</td>"
-            f"<td>{_e(g(_num(o.get('max_abs'))))}</td><td>{_e(g(_num(o.get('max_ulp'))))}</td><td>{_differ(o):,}</td>"
+            f"<td>{_e(g(_num(o.get('max_abs'))))}</td><td>{_e(_ulp_item(o))}</td><td>{_differ(o):,}</td>"
             f"<td>{_int(o.get('nan_mismatch'))}/{_int(o.get('inf_mismatch'))}</td></tr>"
             for o in outputs
             if isinstance(o, Mapping)
         )
         extra = f'<table class="small">{head}{cells}</table>'
     return f'<dl class="nums">{body}</dl>{extra}'
+
+
+def _ulp_item(rep: Mapping[str, Any]) -> str:
+    """"4 at the output's scale (raw 4.69e+03)": the floored ULPs a person means, with the raw distance."""
+    raw, floored = _num(rep.get("max_ulp")), _num(rep.get("max_ulp_floored"))
+    if floored is None or floored == raw:
+        return g(raw)
+    return f"{g(floored)} at the output's scale (raw {g(raw)})"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -514,7 +522,7 @@ def _jobs(matrix: Matrix) -> str:
     for job in matrix.jobs:
         f = job.results
         env = (
-            "; ".join(f"{k}: {v}" for k, v in job.environment.items())
+            "; ".join(f"{k}: {v}" for k, v in _ran_items(job))
             or "not recorded (a file of an older pytest-ortdiff)"
         )
         status = "complete" if f.complete else "did not finish"
@@ -524,6 +532,19 @@ def _jobs(matrix: Matrix) -> str:
         )
     head = "<tr><th>job</th><th>checks</th><th>tests</th><th>skips</th><th>run</th><th>environment</th></tr>"
     return f'<section id="jobs"><h2>Jobs</h2><table class="list">{head}{"".join(body)}</table></section>'
+
+
+def _ran_items(job: Job) -> list[tuple[str, str]]:
+    """The job's environment as (key, value), its providers and dtypes those its rows ran, the run's selection
+    beside them where it differs (a marker's dtypes=["float16"] in a run that selected float32)."""
+    if job.environment.empty:
+        return []
+    ran = dict(ran_environment(job.results).items())
+    out = []
+    for key, value in job.environment.items():
+        shown = ran.get(key, value)
+        out.append((key, shown if shown == value else f"{shown} (the run selected {value})"))
+    return out + [(k, v) for k, v in ran.items() if k not in dict(job.environment.items())]
 
 
 def _heatmap(matrix: Matrix, anchors: Mapping[int, str]) -> str:
@@ -724,7 +745,7 @@ _LEGEND = (
     '<span class="sw" style="background:hsl(0,75%,42%)"></span> failed, ≥1e5 ulp '
     '<span class="sw conflict"></span> conflict (jobs disagree) '
     '<span class="sw skipped"></span> skipped <span class="sw error"></span> error '
-    "· the cell shows the worst ULP error; hover for details, click for the check</p>"
+    "· the cell shows the worst ULP error at the output's scale; hover for details, click for the check</p>"
 )
 
 _CSS = """

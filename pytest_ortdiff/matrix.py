@@ -7,14 +7,14 @@ import math
 import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .dtypes import TESTABLE
-from .formatting import g
+from .formatting import cut, g, html_text, markdown_text
 from .providers import KNOWN
 from .results import CheckRow, Environment, ResultsFile, SkipRow, TestOutcome
 
-__all__ = ["VERDICTS", "Cell", "Column", "Job", "Matrix", "elide", "job_labels", "pivot", "test_key"]
+__all__ = ["VERDICTS", "Cell", "Column", "Job", "Matrix", "elide", "job_labels", "pivot", "ran_environment", "test_key"]
 
 #: a cell's verdicts, in the order a headline counts them ("conflict": jobs reporting the same cell disagree)
 VERDICTS = ("passed", "failed", "error", "skipped", "conflict")
@@ -25,10 +25,11 @@ _MARKS = {"passed": "✅", "skipped": "⏭️", "failed": "❌", "error": "💥"
 _XFAIL_MARK = "🟡"
 _MD_LEGEND = (
     f"{_MARKS['passed']} passed · {_MARKS['failed']} failed · {_MARKS['error']} error · {_MARKS['skipped']} skipped · "
-    f"{_XFAIL_MARK} failed as expected (xfail) · {_MARKS['conflict']} jobs disagree; numbers: max abs error (worst ULP error)"
+    f"{_XFAIL_MARK} failed as expected (xfail) · {_MARKS['conflict']} jobs disagree; numbers: max abs error (worst ULP error at the output's scale)"
 )
 #: a GitHub comment holds 65,536 characters; the markdown form stays below, leaving room for a heading
 MARKDOWN_LIMIT = 60_000
+_GITHUB_LIMIT = 65_536
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class Column:
 
 @dataclass(frozen=True)
 class Cell:
-    """One test in one case: the verdict, the largest absolute and ULP errors of its checks, the worst budget
+    """One test in one case: the verdict, the largest absolute and ULP errors of its checks (ULPs at the
+    output's scale: `CheckRow.ulp`), the worst budget
     line (or why it failed, was skipped, or which jobs disagree: `message`), and what it was made of.
 
     A cell folds every check of the test case (the test's own and its suffixed ones: " [baseline out]",
@@ -178,7 +180,7 @@ class Matrix:
             module, sep, name = t.partition("::")
             groups.setdefault(module if sep else "", []).append([name if sep else t, *((cell.text if (cell := self.cell(t, c)) else "-") for c in self.columns)])
         lines = _fit(["test", *(c.label for c in self.columns)], list(groups.items()), width)
-        lines += _wrap("cells: max abs (worst ULP); ok FAIL ERROR xfail skip CONFLICT (jobs disagree)", width)
+        lines += _wrap("cells: max abs (worst ULP at the output's scale); ok FAIL ERROR xfail skip CONFLICT (jobs disagree)", width)
         if notes:
             tags = self.tags()
             for t in shown:
@@ -203,53 +205,116 @@ class Matrix:
     def render_markdown(self, *, limit: int = MARKDOWN_LIMIT) -> str:
         """A pull-request comment: the headline, the table (one emoji and the numbers per cell), a collapsed
         <details> per failed, errored or conflicting cell, one for the skipped cells, the failures outside the
-        matrix, and the jobs. Above `limit` characters the tests whose every case passed are left out of the
-        table, then the details beyond what fits, each time saying how many."""
-        tests = list(self.tests)
-        failing = [(t, c, cell) for t in tests for c in self.columns if (cell := self.cell(t, c)) is not None and cell.verdict in ("failed", "error", "conflict")]
-        text = self._markdown(tests, failing, "")
+        matrix, and the jobs — in at most `limit` characters. Above it, what a reader needs first stays: the
+        failing tests' rows (and the details of their first cells), then the skipped cells, the failures
+        outside, the passing tests' rows; a note says what was left out. Text from the files is escaped
+        (`formatting.markdown_text`): it forms no link, image, HTML or column."""
+        failing_tests = set(self.failing_tests())
+        failing = [(t, c, cell) for t in self.tests for c in self.columns if (cell := self.cell(t, c)) is not None and cell.verdict in ("failed", "error", "conflict")]
+        skipped = [(t, c, x) for t in self.tests for c in self.columns if (x := self.cell(t, c)) is not None and x.verdict == "skipped"]
+        tags = self.tags() if len(self.jobs) > 1 else None
+        full = _MarkdownParts(
+            head=[f"**ortdiff**: {_md(self.headline())}", ""],
+            table_head=["| test | " + " | ".join(_md(c.label, _MD_LABEL) for c in self.columns) + " |", "|---|" + "---|" * len(self.columns)] if self.columns else [],
+            rows={t: self._md_row(t) for t in self.tests},
+            details=[_md_details(t, c, cell, tags) for t, c, cell in failing],
+            skipped=[f"- {_md(t)} · {_md(c.label, _MD_LABEL)}: {_md(x.message or 'skipped')}" for t, c, x in skipped],
+            outside=[f"- {_MARKS[o.outcome]} {_md(o.test)}" + (f" ({_jobs((label,), tags)})" if tags else "") + f": {_md(o.message or 'no message')}" for label, o in self.outside],
+            jobs=[f"- {tags[job.label]}: **{_md(job.label, _MD_LABEL)}**: {_md(_environment_text(job))}" for job in self.jobs] if tags else [],
+        )
+        text = full.render(list(self.tests), len(failing), len(skipped), len(self.outside), "")
         if len(text) <= limit:
             return text
-        shown = list(self.failing_tests())
-        note = f"_{_count(len(tests) - len(shown), 'test')} where every case passed not shown._"
-        text = self._markdown(shown, failing, note)
-        kept = len(failing)
-        while len(text) > limit and kept > 0:
-            kept = kept // 2
-            more = f"_{len(failing) - kept} more failing cell(s) not detailed: see `merge` without --markdown, or --html._"
-            text = self._markdown(shown, failing[:kept], note + "\n\n" + more)
-        return text
+        return full.fit([t for t in self.tests if t in failing_tests], [t for t in self.tests if t not in failing_tests], limit)
 
-    def _markdown(self, tests: Sequence[str], failing: Sequence[tuple[str, Column, Cell]], note: str) -> str:
-        out = [f"**ortdiff**: {_md(self.headline())}", ""]
-        if self.columns:
-            out.append("| test | " + " | ".join(_md(c.label) for c in self.columns) + " |")
-            out.append("|---|" + "---|" * len(self.columns))
-            for t in tests:
-                cells = [_md_cell(self.cell(t, c)) for c in self.columns]
-                out.append(f"| {_md(t)} | " + " | ".join(cells) + " |")
-            out += ["", _MD_LEGEND, ""]
+    def _md_row(self, test: str) -> str:
+        return f"| {_md(test, _MD_TEST)} | " + " | ".join(_md_cell(self.cell(test, c)) for c in self.columns) + " |"
+
+
+@dataclass
+class _MarkdownParts:
+    """The markdown comment's lines, section by section, so that a comment over its limit keeps what fits
+    of each section, in the order a reader needs them, and says what it left out."""
+
+    head: list[str]
+    table_head: list[str]
+    rows: dict[str, str]
+    details: list[list[str]]
+    skipped: list[str]
+    outside: list[str]
+    jobs: list[str]
+
+    def render(self, tests: Sequence[str], details: int, skipped: int, outside: int, note: str) -> str:
+        out = list(self.head)
+        if self.table_head:
+            out += self.table_head + [self.rows[t] for t in tests] + ["", _MD_LEGEND, ""]
         if note:
             out += [note, ""]
-        tags = self.tags() if len(self.jobs) > 1 else None
-        for t, c, cell in failing:
-            out += _md_details(t, c, cell, tags)
-        skipped = [(t, c, x) for t in tests for c in self.columns if (x := self.cell(t, c)) is not None and x.verdict == "skipped"]
+        for block in self.details[:details]:
+            out += block
         if skipped:
-            out += [f"<details><summary>{_MARKS['skipped']} {_count(len(skipped), 'skipped cell')}</summary>", ""]
-            out += [f"- {_md(t)} · {_md(c.label)}: {_md(x.message or 'skipped')}" for t, c, x in skipped]
-            out += ["", "</details>", ""]
-        if self.outside:
-            out.append("Failed outside the matrix:")
-            for label, o in self.outside:
-                where = f" ({_jobs((label,), tags)})" if tags else ""
-                out.append(f"- {_MARKS[o.outcome]} {_md(o.test)}{where}: {_md(o.message or 'no message')}")
-            out.append("")
-        if tags:
-            out.append("Jobs:")
-            out += [f"- {tags[job.label]}: **{_md(job.label)}**: {_md(_environment_text(job))}" for job in self.jobs]
-            out.append("")
+            out += [f"<details><summary>{_MARKS['skipped']} {_count(len(self.skipped), 'skipped cell')}</summary>", "", *self.skipped[:skipped], "", "</details>", ""]
+        if outside:
+            out += ["Failed outside the matrix:", *self.outside[:outside], ""]
+        if self.jobs:
+            out += ["Jobs:", *self.jobs, ""]
         return "\n".join(out).rstrip("\n") + "\n"
+
+    def fit(self, failing: list[str], passing: list[str], limit: int) -> str:
+        """The comment in at most `limit` characters: room for the fixed lines and the note first, then the
+        failing tests' rows (up to 60 % of what is left), the details, the rest of the failing rows, the
+        skipped cells, the failures outside, the passing rows: as many of each as fit."""
+        note_room = 700
+        fixed = len(self.render([], 0, 1 if self.skipped else 0, 1 if self.outside else 0, "")) - (len(self.skipped[0]) + 1 if self.skipped else 0) - (len(self.outside[0]) + 1 if self.outside else 0)
+        room = limit - fixed - note_room
+        if room <= 0:
+            return self._too_large(limit)
+
+        def take(lengths: Sequence[int], budget: int) -> int:
+            n = used = 0
+            while n < len(lengths) and used + lengths[n] <= budget:
+                used += lengths[n]
+                n += 1
+            return n
+
+        def size(lines: Sequence[str]) -> list[int]:
+            return [len(line) + 1 for line in lines]
+
+        row_sizes = size([self.rows[t] for t in failing])
+        detail_sizes = [sum(size(block)) for block in self.details]
+        rows = take(row_sizes, int(room * 0.6))
+        room -= sum(row_sizes[:rows])
+        details = take(detail_sizes, room)
+        room -= sum(detail_sizes[:details])
+        more = take(row_sizes[rows:], room)
+        rows += more
+        room -= sum(row_sizes[rows - more : rows])
+        skipped = take(size(self.skipped), room)
+        room -= sum(size(self.skipped[:skipped]))
+        outside = take(size(self.outside), room)
+        room -= sum(size(self.outside[:outside]))
+        passing_rows = take(size([self.rows[t] for t in passing]), room)
+        shown = set(failing[:rows]) | set(passing[:passing_rows])
+        tests = [t for t in self.rows if t in shown]  # (the table's own order)
+        left = [
+            (len(failing) - rows, f"{len(failing) - rows:,} of {len(failing):,} failing tests' rows"),
+            (len(passing) - passing_rows, f"{len(passing) - passing_rows:,} tests where every case passed"),
+            (len(self.details) - details, f"the details of {len(self.details) - details:,} of {len(self.details):,} failing cells"),
+            (len(self.skipped) - skipped, f"{len(self.skipped) - skipped:,} of {len(self.skipped):,} skipped cells"),
+            (len(self.outside) - outside, f"{len(self.outside) - outside:,} of {len(self.outside):,} failures outside the matrix"),
+        ]
+        note = (
+            f"_Cut to stay under {MARKDOWN_LIMIT:,} characters (a GitHub comment holds {_GITHUB_LIMIT:,}): "
+            + "; ".join(what for n, what in left if n)
+            + " not shown. All of it: `merge` without --markdown, or --html._"
+        )
+        text = self.render(tests, details, skipped, outside, note)
+        return text if len(text) <= limit else self._too_large(limit)
+
+    def _too_large(self, limit: int) -> str:
+        """When even the fixed lines do not fit (thousands of columns or jobs): the headline and why."""
+        note = f"_The matrix does not fit in {MARKDOWN_LIMIT:,} characters (a GitHub comment holds {_GITHUB_LIMIT:,}), not even its header: `merge` without --markdown, or --html, shows it._"
+        return cut("\n".join([*self.head, note]), limit - 1) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -282,11 +347,25 @@ def pivot(files: Sequence[ResultsFile], labels: Sequence[str] | None = None) -> 
 
 
 def job_labels(files: Sequence[ResultsFile], names: Sequence[str] | None = None) -> list[str]:
-    """A label per file: its environment's ("CPU float16 · ort 1.32.0 · torch 2.13.0"), else its name in
-    `names` (a file stem), else "job N"; labels that collide get the name (or the number) added."""
-    labels = [f.environment.label or (names[i] if names else f"job {i + 1}") for i, f in enumerate(files)]
+    """A label per file: its environment's ("CPU float16 · ort 1.32.0 · torch 2.13.0", naming the cases its
+    rows ran: `ran_environment`), else its name in `names` (a file stem), else "job N"; labels that collide
+    get the name (or the number) added."""
+    labels = [ran_environment(f).label or (names[i] if names else f"job {i + 1}") for i, f in enumerate(files)]
     seen = {label: labels.count(label) for label in labels}
     return [label if seen[label] == 1 else f"{label} ({names[i] if names else f'job {i + 1}'})" for i, label in enumerate(labels)]
+
+
+def ran_environment(f: ResultsFile) -> Environment:
+    """The file's environment with the providers and dtypes its checks, tests and skips ran (the run's
+    selection, --ort-dtypes, says float32 where a marker's dtypes=["float16"] ran float16); the selection's
+    where the file names none; nothing for a file that recorded no environment (labelled by its name)."""
+    env = f.environment
+    if env.empty:
+        return env
+    cases = [(r.provider, r.dtype) for r in f.results] + [(t.provider, t.dtype) for t in f.tests] + [(k.provider, k.dtype) for k in f.skips]
+    providers = tuple(dict.fromkeys(p for p, _ in cases if p))
+    dtypes = tuple(dict.fromkeys(d for _, d in cases if d))
+    return replace(env, providers=providers or env.providers, dtypes=dtypes or env.dtypes)
 
 
 def _provider_names() -> str:
@@ -387,7 +466,7 @@ def _fold(rows: list[CheckRow], tests: list[TestOutcome], skips: list[SkipRow], 
     return Cell(
         verdict,
         _largest(r.max_abs for r in rows),
-        _largest(r.max_ulp for r in rows),
+        _largest(r.ulp for r in rows),  # (at the output's scale: raw ULPs near zero alarm on passing checks)
         _worst_text(top) if top is not None else "",
         tuple(rows),
         tuple(skips),
@@ -598,17 +677,22 @@ def _wrap(text: str, width: int, indent: str = "    ") -> list[str]:
     return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False) or [""]
 
 
-# markdown: a test id or message from a JSON file must not open a column, a tag or a code span
-_MD_ESCAPES = {"]": "\\]", "\\": "\\\\", "|": "\\|", "<": "&lt;", ">": "&gt;", "&": "&amp;", "`": "\\`", "*": "\\*", "_": "\\_", "\n": " ", "\r": " "}
-#: ("_" only where it could start or end emphasis: test_lnmm and x86_64 stay as they are; "]" only before "(",
-#: where a name would make a link or an image: test_x[CPU-float16] stays as it is)
-_MD_SPECIAL = re.compile(r"[\\|<>&`*\r\n]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|\](?=\()")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: the longest test id and the longest label a markdown line shows (a comment has a size limit)
+_MD_TEST = 300
+_MD_LABEL = 120
+#: BlameTable.CULPRIT_MIN as the terminal's table words it (a node explaining less is no culprit)
+_CULPRIT_MIN = "10 %"
 
 
-def _md(text: str) -> str:
-    text = _MD_SPECIAL.sub(lambda m: _MD_ESCAPES[m.group()], text)
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+def _md(text: str, limit: int = 400) -> str:
+    return markdown_text(text, limit)
+
+
+def _ulp_text(r: CheckRow) -> str:
+    """"4 (raw 4.69e+03)": the ULPs at the output's scale, and the raw distance when it differs."""
+    if r.ulp is None or r.ulp == r.max_ulp or r.max_ulp is None:
+        return g(r.ulp)
+    return f"{g(r.ulp)} (raw {g(r.max_ulp)})"
 
 
 def _md_cell(cell: Cell | None) -> str:
@@ -621,11 +705,12 @@ def _md_cell(cell: Cell | None) -> str:
 
 
 def _md_details(test: str, column: Column, cell: Cell, tags: Mapping[str, str] | None) -> list[str]:
-    summary = f"{_MARKS[cell.verdict]} {_md(test)} · {_md(column.label)}"
+    # (a <details> line is raw HTML, where markdown is not read: HTML's escapes, not markdown's)
+    summary = f"{_MARKS[cell.verdict]} {html_text(test, _MD_TEST)} · {html_text(column.label, _MD_LABEL)}"
     if cell.verdict == "conflict":
         summary += f": {len(cell.parts)} different results"
     elif cell.reason:
-        summary += f": {_md(cell.reason)}"
+        summary += f": {html_text(cell.reason)}"
     out = [f"<details><summary>{summary}</summary>", ""]
     for part in cell.parts or (cell,):
         jobs = f" ({_jobs(part.jobs, tags)})" if tags else ""
@@ -634,12 +719,17 @@ def _md_details(test: str, column: Column, cell: Cell, tags: Mapping[str, str] |
         for r in part.rows:
             out.append(
                 f"- {_md(r.test)}{jobs}: {_md(r.outcome or '?')}, max abs {g(r.max_abs)}, max rel {g(r.max_rel)}, "
-                f"max ULP {g(r.max_ulp)}; {_md(_worst_text(r) or '-')}; tolerance {_md(r.tolerance or '-')}"
+                f"max ULP {_ulp_text(r)}; {_md(_worst_text(r) or '-')}; tolerance {_md(r.tolerance or '-')}"
             )
             if isinstance(r.blame, Mapping):  # (--ortdiff-blame: the node that explains the gap, if one does)
                 top, drift, closer = r.blame_top, r.blame.get("first_divergence"), r.blame.get("closer_to_oracle")
-                line = f"  - blame: {_md(top)}" if top is not None else "  - blame: no single node explains the gap"
-                if top is None and drift:
+                if top is not None and r.blame.get("culprit"):
+                    line = f"  - blame: {_md(top)}"
+                elif top is not None:  # (as the terminal's table says it: a node under 10 % is no culprit)
+                    line = f"  - blame: no single node explains {_CULPRIT_MIN} of the gap (the most: {_md(top)})"
+                else:
+                    line = "  - blame: no single node explains the gap"
+                if not r.blame.get("culprit") and drift:
                     line += f"; first node whose output drifts: {_md(str(drift))}"
                 out.append(line + (f"; closer to the float64 oracle: {_md(str(closer))}" if closer else ""))
         if not any(not r.ok for r in part.rows):  # (a failed check's own line says why its test failed)

@@ -11,6 +11,7 @@ from typing import Any
 
 from .formatting import g, index, pct, table, threshold
 from .results import CheckRow, closer_to_oracle
+from .tolerance import floored_ulp
 
 __all__ = ["junit_properties", "render_report", "render_table", "summary_line", "worst_budget_line", "worst_line"]
 
@@ -136,8 +137,8 @@ def worst_line(report: Any, tolerance: Any) -> str:
         parts = []
     if tolerance.atol is not None or tolerance.rtol is not None:
         parts.append(_allclose_line(report, float(tolerance.atol or 0.0), float(tolerance.rtol or 0.0)))
-    if tolerance.max_ulp is not None:
-        parts.append(f"max {g(report.max_ulp)} ulp (allows {g(tolerance.max_ulp)})")
+    if tolerance.max_ulp is not None:  # (the ULPs max_ulp judges: at the output's scale)
+        parts.append(f"max {g(floored_ulp(report))} ulp (allows {g(tolerance.max_ulp)})")
     return "; ".join(parts) or "-"
 
 
@@ -154,8 +155,9 @@ def _allclose_line(report: Any, atol: float, rtol: float) -> str:
 
 def render_table(rows: Iterable[CheckRow | Mapping[str, Any]], *, markdown: bool = False) -> str:
     """The run's summary: one row per checked test id (CheckRows, or their dicts: test, provider, dtype,
-    max_abs, max_rel, worst, outcome; `report`, the DiffReport's dict, when there is one)."""
-    cols = [("test", "test"), ("provider", "provider"), ("dtype", "dtype"), ("max abs", "max_abs"), ("max rel", "max_rel"), ("worst budget line", "worst"), ("result", "outcome")]
+    max_abs, max_rel, worst, outcome; `report`, the DiffReport's dict, when there is one). "max ulp" is the
+    ULP error at the output's scale (`CheckRow.ulp`); the raw distance stays in the report and the JSON."""
+    cols = [("test", "test"), ("provider", "provider"), ("dtype", "dtype"), ("max abs", "max_abs"), ("max rel", "max_rel"), ("max ulp", "ulp"), ("worst budget line", "worst"), ("result", "outcome")]
     typed = [row if isinstance(row, CheckRow) else CheckRow.from_dict(row) for row in rows]
     body = [[_worst(row) if key == "worst" else _cell(getattr(row, key)) for _, key in cols] for row in typed]
     if markdown:

@@ -26,6 +26,7 @@ __all__ = [
     "ResultsFileError",
     "SkipRow",
     "TestOutcome",
+    "check_report",
     "closer_to_oracle",
     "write_atomically",
 ]
@@ -100,6 +101,16 @@ class CheckRow:
         return f"{first.get('node', '?')} ({first.get('op_type', '?')}) {mark}{share * 100:.0f} %"
 
     @property
+    def ulp(self) -> float | None:
+        """The ULP error a summary shows and `max_ulp` judges: its report's `max_ulp_floored` (ULPs at the
+        output's scale), else `max_ulp` (a file written before floored errors existed). `max_ulp` stays the
+        raw distance, which near zero counts thousands of ULPs for an error of 1e-7."""
+        floored = self.report.get("max_ulp_floored") if isinstance(self.report, Mapping) else None
+        if isinstance(floored, int | float | str) and not isinstance(floored, bool) and (not isinstance(floored, str) or floored in _SPECIAL):
+            return float(floored)
+        return self.max_ulp
+
+    @property
     def ok(self) -> bool:
         """Passed, or failed as its test expected: what `merge --strict` accepts."""
         return self.outcome in ("passed", "xfailed")
@@ -135,6 +146,8 @@ class CheckRow:
         if not isinstance(data.get("test"), str):
             raise ResultsFileError(f"{where} has no 'test' (a string)")
         report = data.get("report")
+        if report is not None:
+            check_report(report, f"{where}.report")
         ran = data.get("ran_on_ort") or ()
         notes = data.get("notes") or ()
         return cls(
@@ -154,6 +167,66 @@ class CheckRow:
             blame=data["blame"] if isinstance(data.get("blame"), Mapping) else None,
             notes=tuple(str(n) for n in notes) if isinstance(notes, list | tuple) else (),
         )
+
+
+#: a DiffReport's fields (`DiffReport.to_dict`) by kind: values (a number, an integer output's exact value, or
+#: "nan"/"inf"/"-inf"), element counts, and indices or shapes (lists of integers)
+_REPORT_VALUES = ("max_abs", "max_rel", "max_ulp", "mean_abs", "expected_at_max", "got_at_max", "rel_floor", "max_rel_floored", "max_ulp_floored", "expected_at_outside", "got_at_outside")
+_REPORT_COUNTS = ("n", "nan_mismatch", "inf_mismatch", "out_of_tolerance", "differ")
+_REPORT_INDICES = ("shape", "argmax", "outside_at")
+_SPECIAL = ("nan", "inf", "-inf")
+
+
+def check_report(report: Any, where: str) -> None:
+    """A row's `report` as DiffReport.to_dict writes it: ResultsFileError naming `where` and the field for a
+    value a renderer could not show (a string for a count, an index of strings, a count of 400 digits)."""
+    stack = [(report, where)]
+    while stack:  # (iterative: an `outputs` nested a thousand deep is an error, not a RecursionError)
+        rep, at = stack.pop()
+        if not isinstance(rep, Mapping):
+            raise ResultsFileError(f"{at} is {_shown(rep)}; expected an object (a DiffReport's to_dict())")
+        for key in _REPORT_VALUES:
+            v = rep.get(key)
+            if v is not None and not (_is_number(v) or v in _SPECIAL):
+                raise ResultsFileError(f"{at} has {key!r} {_shown(v)}; expected a number, \"nan\", \"inf\" or null")
+        for key in _REPORT_COUNTS:
+            v = rep.get(key)
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise ResultsFileError(f"{at} has {key!r} {_shown(v)}; expected a count (an integer >= 0) or null")
+        for key in _REPORT_INDICES:
+            v = rep.get(key)
+            if v is not None and not (isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)):
+                raise ResultsFileError(f"{at} has {key!r} {_shown(v)}; expected a list of integers or null")
+        counts = rep.get("counts")
+        if counts is not None:
+            if not isinstance(counts, Mapping):
+                raise ResultsFileError(f"{at} has 'counts' {_shown(counts)}; expected an object {{threshold: count}}")
+            for t, c in counts.items():
+                try:
+                    float(t)
+                except ValueError:
+                    raise ResultsFileError(f"{at}.counts has the threshold {_shown(t)}; expected a number such as \"0.01\"") from None
+                if not (isinstance(c, int) and not isinstance(c, bool) and c >= 0):
+                    raise ResultsFileError(f"{at}.counts has {_shown(c)} for {_shown(t)}; expected a count (an integer >= 0)")
+        tol = rep.get("tolerance")
+        if tol is not None and not (isinstance(tol, list) and len(tol) == 2 and all(_is_number(x) for x in tol)):
+            raise ResultsFileError(f"{at} has 'tolerance' {_shown(tol)}; expected [atol, rtol] or null")
+        outputs = rep.get("outputs")
+        if outputs is not None:
+            if not isinstance(outputs, list):
+                raise ResultsFileError(f"{at} has 'outputs' {_shown(outputs)}; expected a list of reports")
+            stack.extend((o, f"{at}.outputs[{i}]") for i, o in enumerate(outputs))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message: short, and never a control character (the file is someone else's)."""
+    text = repr(value) if not isinstance(value, int) or len(str(abs(value))) <= _MAX_INT_DIGITS else f"an integer of {len(str(abs(value))):,} digits"
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
 @dataclass(frozen=True)
@@ -487,7 +560,7 @@ class ResultsFile:
         """Read and validate a file; ResultsFileError with one line naming the file and the problem."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"), parse_int=_parse_int)
         except FileNotFoundError:
             raise ResultsFileError(f"{path} does not exist") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -495,6 +568,7 @@ class ResultsFile:
         except OSError as exc:
             raise ResultsFileError(f"cannot read {path}: {exc.strerror or exc}") from None
         try:
+            _refuse_huge(data)
             return cls.from_dict(data)
         except _SchemaError as exc:
             raise ResultsFileError(f"{path}: {exc}") from None
@@ -505,6 +579,43 @@ class ResultsFile:
 
     def write(self, path: str | Path) -> None:
         write_atomically(Path(path), json.dumps(self.to_dict(), indent=1))
+
+
+#: the most digits an integer of a report of ours has: counts, sizes and indices are below 2**63 (19 digits)
+_MAX_INT_DIGITS = 20
+
+
+class _HugeInt:
+    """A JSON integer too long to be a count of ours, held until `_refuse_huge` says where it is (Python
+    refuses to read one of 4,300 digits and more, and none above 309 digits converts to a float)."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int | _HugeInt:
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= _MAX_INT_DIGITS else _HugeInt(digits)
+
+
+def _refuse_huge(data: Any) -> None:
+    """ResultsFileError naming the first integer of more than _MAX_INT_DIGITS digits, and where it is."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, _HugeInt):
+            raise ResultsFileError(f"{at or 'the file'} is an integer of {value.digits:,} digits, which no report holds (counts and sizes have at most {_MAX_INT_DIGITS})")
+        if isinstance(value, Mapping):
+            stack.extend((v, _member(at, str(k))) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(value))))
+
+
+def _member(at: str, key: str) -> str:
+    """`results[0].report` and `counts["0.01"]`: a path into the file, as a person would write it."""
+    if key.isidentifier():
+        return f"{at}.{key}" if at else key
+    return f"{at}[{_shown(key)}]"
 
 
 class _SchemaError(ResultsFileError):

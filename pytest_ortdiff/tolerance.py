@@ -6,14 +6,14 @@ Values may be per dtype (`atol={"float16": 0.5, "float32": 1e-4}`); `for_dtype` 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .dtypes import DType, dtype_of, parse_dtype
 from .formatting import g, index, pct, pct_frac, shortest
 
-__all__ = ["Tolerance", "Violation"]
+__all__ = ["Tolerance", "Violation", "floored_ulp", "parse_budget"]
 
 _Number = float | int
 _PerDtype = _Number | Mapping[str, _Number] | None
@@ -36,7 +36,8 @@ class Tolerance:
     """What a test accepts.
 
     - `atol`, `rtol`: numpy's allclose, `|expected - got| <= atol + rtol * |expected|` for every element.
-    - `max_ulp`: at most this many units in the last place of the compared dtype.
+    - `max_ulp`: at most this many units in the last place of the compared dtype, counted at the output's
+      scale (`DiffReport.max_ulp_floored`: near zero the raw ULP distance counts ULPs of tiny values).
     - `budget`: `{threshold: fraction}`, e.g. `{1e-2: 0.001, 1.0: 0}` = at most 0.1 % of elements off by
       more than 1e-2 and none by more than 1.
     NaN/Inf mismatches always violate. When none of the four is given, the dtype's default atol/rtol
@@ -168,8 +169,13 @@ class Tolerance:
                     )
                 )
         limit = self.max_ulp
-        if limit is not None and not isinstance(limit, Mapping) and r.max_ulp > float(limit):
-            out.append(Violation("max_ulp", f"max ULP error {g(r.max_ulp)} exceeds max_ulp={g(limit)}", name))
+        if limit is not None and not isinstance(limit, Mapping):
+            # the floored ULPs (at the output's scale): near zero the raw distance counts ULPs of a tiny
+            # value, thousands of them for an error of 1e-7 that a person calls 4 ULPs
+            ulp = floored_ulp(r)
+            if ulp > float(limit):
+                raw = f" (ULPs at the output's scale; raw {g(r.max_ulp)})" if r.max_ulp != ulp else ""
+                out.append(Violation("max_ulp", f"max ULP error {g(ulp)} exceeds max_ulp={g(limit)}{raw}", name))
         if self.budget:
             for t, frac in self._budget_items():
                 if t not in r.counts:
@@ -215,6 +221,31 @@ class Tolerance:
         if other is None or other.is_empty:
             return self
         return other
+
+
+def floored_ulp(report: Any) -> float:
+    """The ULP error `max_ulp` judges and the reports show: the report's ULPs at the output's scale
+    (`max_ulp_floored`: |e - g| / ulp(max(|e|, F))), its raw `max_ulp` when it has none (a report stored
+    before floored errors existed, an integer output)."""
+    floored = getattr(report, "max_ulp_floored", None)
+    return float(report.max_ulp) if floored is None else float(floored)
+
+
+def parse_budget(items: Sequence[str]) -> dict[float, float]:
+    """`--budget 0.01:0.001 --budget 1:0` (or one comma list) -> {0.01: 0.001, 1.0: 0.0}: the command line's
+    budget (`Tolerance(budget=...)` validates the numbers)."""
+    budget: dict[float, float] = {}
+    for item in (p for it in items for p in it.split(",") if p.strip()):
+        t, sep, f = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            budget[float(t)] = float(f)
+        except ValueError:
+            raise ValueError(
+                f"--budget {item!r}: expected THRESHOLD:FRACTION, e.g. --budget 0.01:0.001 (at most 0.1 % of elements off by more than 0.01)"
+            ) from None
+    return budget
 
 
 def _exact_kind(dtype: str) -> str | None:

@@ -397,7 +397,7 @@ def test_blame_fixture(pytester: pytest.Pytester) -> None:
 
 
 def test_blame_and_the_oracle_take_the_ort_overrides_that_a_missing_kernel_needs() -> None:
-    """A model with an op without a torch kernel: the README's kernels={...: "ort"} works for blame
+    """A model with an op without a torch kernel: the kernels={...: "ort"} of docs/writing-tests.md works for blame
     (the float64 oracle too) and for check(reference="float64")."""
     import onnx
     from onnx import TensorProto as TP
@@ -997,6 +997,30 @@ def test_one_helper_thread_gives_the_serial_table_on_a_real_export(exporter: str
     assert [r.to_dict() for r in one.op_rows] == [r.to_dict() for r in serial.op_rows]
     assert one.first_divergence == serial.first_divergence and one.oracle == serial.oracle
     assert one.culprit.node == serial.culprit.node
+
+
+def test_a_note_naming_many_nodes_is_cut_and_wrapped() -> None:
+    """Issue 30: blame's note was one line naming every node onnxruntime runs in float32 (hundreds on a real
+    graph): five are named, then "and N more", and the rendered note wraps."""
+    import onnx.helper as oh
+
+    nodes, x = [], "X"
+    for i in range(8):  # eight float16 MatMuls: onnxruntime's CPU runs each in float32 between inserted Casts
+        nodes.append(oh.make_node("MatMul", [x, f"W{i}"], [f"Y{i}"], name=f"matmul_{i}"))
+        x = f"Y{i}"
+    weights = [oh.make_tensor_value_info(f"W{i}", onnx.TensorProto.FLOAT16, [16, 16]) for i in range(8)]
+    graph = oh.make_graph(nodes, "chain", [oh.make_tensor_value_info("X", onnx.TensorProto.FLOAT16, [4, 16]), *weights], [oh.make_tensor_value_info(x, onnx.TensorProto.FLOAT16, [4, 16])])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    g = torch.Generator().manual_seed(0)
+    feeds = {"X": torch.rand(4, 16, generator=g).half(), **{f"W{i}": (torch.rand(16, 16, generator=g) / 4).half() for i in range(8)}}
+    table = blame(model, feeds)
+    if not table.notes:
+        pytest.skip("this onnxruntime build computes float16 MatMul like torch: nothing inserted")
+    (note,) = table.notes
+    assert "matmul_0 (MatMul) in float32, matmul_1 (MatMul) in float32, " in note and "matmul_4 (MatMul) in float32 and 3 more:" in note
+    text = table.render()
+    wrapped = text[text.index("note: ") :].splitlines()
+    assert len(wrapped) > 1 and all(len(line) <= 110 for line in wrapped), wrapped
 
 
 def test_graph_notes_in_a_full_temporary_directory_cost_the_notes_only(monkeypatch: pytest.MonkeyPatch) -> None:

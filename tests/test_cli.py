@@ -57,7 +57,7 @@ def test_merge_reports_written_by_pytest_runs(pytester: pytest.Pytester, seed_te
     out = cli("merge", "jobs/cpu-float32.json", "jobs/cpu-float16.json", "--rows", cwd=pytester.path)  # (two cases: the matrix without --rows)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["test", "provider", "dtype", "max", "abs", "max", "rel", "worst", "budget", "line", "result"]
+    assert lines[0].split() == ["test", "provider", "dtype", "max", "abs", "max", "rel", "max", "ulp", "worst", "budget", "line", "result"]
     # sorted by test id: float16 before float32
     assert lines[1].startswith("test_seed.py::test_lnmm[CPU-float16]  CPU       float16  ")
     assert lines[2].startswith("test_seed.py::test_lnmm[CPU-float32]  CPU       float32  ")
@@ -76,13 +76,13 @@ def test_merge_markdown_strict_and_skips(tmp_path: Path, cli: Callable[..., Any]
     assert out.returncode == 0  # a failed check is reported, not an error, without --strict
     lines = out.stdout.splitlines()
     assert lines[:4] == [
-        "| test | provider | dtype | max abs | max rel | worst budget line | result |",
-        "|---|---|---|---|---|---|---|",
-        "| t.py::a[CPU-float16] | CPU | float16 | 0.25 | 5.57e-07 | 585,826 > 0.01 (24.83 %; allows 0.10 %) | failed |",
-        "| t.py::a[CPU-float32] | CPU | float32 | 0.00015 | 5.57e-07 | 0 > 0.01 (0 %; allows 0 %) | passed |",
+        "| test | provider | dtype | max abs | max rel | max ulp | worst budget line | result |",
+        "|---|---|---|---|---|---|---|---|",
+        "| t.py::a\\[CPU-float16] | CPU | float16 | 0.25 | 5.57e-07 | 3 | 585,826 &gt; 0.01 (24.83 %; allows 0.10 %) | failed |",
+        "| t.py::a\\[CPU-float32] | CPU | float32 | 0.00015 | 5.57e-07 | 3 | 0 &gt; 0.01 (0 %; allows 0 %) | passed |",
     ]
     assert "2 check(s) from 2 file(s): 1 passed, 1 failed" in lines
-    assert "skipped: t.py::a[CPU-bfloat16]: CPU-bfloat16: onnxruntime CPUExecutionProvider has no bfloat16 kernel for MatMul(13)" in lines
+    assert "- skipped: t.py::a\\[CPU-bfloat16]: CPU-bfloat16: onnxruntime CPUExecutionProvider has no bfloat16 kernel for MatMul(13)" in lines
     strict = cli("merge", str(a), str(b), "--strict")
     assert strict.returncode == 1
     assert "1 passed, 1 failed" in strict.stdout
@@ -173,9 +173,9 @@ def test_merge_old_and_new_files_strict_on_failed_tests(tmp_path: Path, cli: Cal
     assert out.returncode == 1
     lines = out.stdout.splitlines()
     assert lines[1:4] == [
-        "t.py::a[CPU-float16] (new)  CPU       float16  0.00015  5.57e-07  0 > 0.01 (0 %; allows 0 %)  passed",
-        "t.py::a[CPU-float32] (old)  CPU       float32  0.00015  5.57e-07  0 > 0.01 (0 %; allows 0 %)  passed",
-        "t.py::b[CPU-float16] (new)  CPU       float16  -        -         no check ran                failed",
+        "t.py::a[CPU-float16] (new)  CPU       float16  0.00015  5.57e-07  3        0 > 0.01 (0 %; allows 0 %)  passed",
+        "t.py::a[CPU-float32] (old)  CPU       float32  0.00015  5.57e-07  3        0 > 0.01 (0 %; allows 0 %)  passed",
+        "t.py::b[CPU-float16] (new)  CPU       float16  -        -         -        no check ran                failed",
     ]
     assert "2 check(s) from 2 file(s): 2 passed, 0 failed" in lines
     assert "3 test(s): 1 passed, 1 failed, 0 error(s), 1 skipped" in lines
@@ -618,8 +618,8 @@ def test_conformance_help_lists_its_options(capsys: pytest.CaptureFixture[str]) 
     [
         ({"provider": 1}, "results[0] has 'provider' 1 (int); expected a string or null"),
         ({"dtype": ["float32"]}, "results[0] has 'dtype' ['float32'] (list); expected a string or null"),
-        ({"report": {"n": 4, "nan_mismatch": "many", "counts": {}}}, "results[0].report has 'nan_mismatch' 'many' (str); expected an integer"),
-        ({"report": {"n": 4, "counts": {"0.0": 1.5}}}, "results[0].report has 'counts' {'0.0': 1.5}; expected an object of integers"),
+        ({"report": {"n": 4, "nan_mismatch": "many", "counts": {}}}, "results[0].report has 'nan_mismatch' 'many'; expected a count (an integer >= 0) or null: is it a file written by --ortdiff-json?"),
+        ({"report": {"n": 4, "counts": {"0.0": 1.5}}}, "results[0].report.counts has 1.5 for '0.0'; expected a count (an integer >= 0): is it a file written by --ortdiff-json?"),
         ({"blame": [1]}, "results[0] has 'blame' [1] (list); expected an object"),
         ({"blame": {"rows": {"a": 1}}}, "results[0].blame has 'rows' {'a': 1} (dict); expected a list"),
         (None, "is nested too deeply to be a JSON report written by --ortdiff-json"),
@@ -651,8 +651,8 @@ def test_merge_escapes_pipes_in_markdown_and_control_characters(tmp_path: Path, 
     out = capsys.readouterr().out
     assert "\x1b" not in out
     lines = [line for line in out.splitlines() if line.startswith("|")]
-    assert all(line.replace("\\|", "").count("|") == 8 for line in lines), lines
-    assert "| t.py::test_a[x\\|y] |" in out and "t.py::test_b[\\\\x1b[2J\\\\x1b[31m]" in out
+    assert all(line.replace("\\|", "").count("|") == 9 for line in lines), lines
+    assert "| t.py::test_a\\[x\\|y] |" in out and "t.py::test_b\\[\\x1b\\[2J\\x1b\\[31m]" in out
     assert main(["merge", str(path)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "t.py::test_b[\\x1b[2J\\x1b[31m]" in out and "t.py::test_a[x|y]" in out
@@ -661,12 +661,13 @@ def test_merge_escapes_pipes_in_markdown_and_control_characters(tmp_path: Path, 
 def test_merge_markdown_makes_no_link_or_image_of_a_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A node or test named like markdown's `![alt](url)` would show a remote image in a pull-request comment:
     the `]` before `(` is escaped; the brackets of a test's parameters stay as they are."""
-    row = {**_row("t.py::test_a[CPU-float32]", "float32", False), "blame": {"rows": [{"node": "![i](https://evil.example/x.png)", "op_type": "Add", "explained": 0.5, "exact": True}]}}
+    node = "![i](https://evil.example/x.png)"
+    row = {**_row("t.py::test_a[CPU-float32]", "float32", False), "blame": {"rows": [{"node": node, "op_type": "Add", "explained": 0.5, "exact": True}], "culprit": node}}
     path = _write(tmp_path / "job.json", [row])
     assert main(["merge", str(path), "--matrix", "--markdown"]) == 0
     out = capsys.readouterr().out
-    assert "  - blame: ![i\\](https://evil.example/x.png) (Add) 50 %" in out and "](" not in out.replace("\\](", "")
-    assert "- t.py::test_a[CPU-float32]: failed" in out
+    assert "  - blame: !\\[i](https\\://evil.example/x.png) (Add) 50 %" in out and "![" not in out
+    assert "- t.py::test_a\\[CPU-float32]: failed" in out
 
 
 def _relu_model(path: Path, dims: list[Any], elem_type: int = TensorProto.FLOAT) -> Path:
@@ -735,3 +736,50 @@ def test_compare_hostile_models_and_arguments_are_one_error_line(
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert err.startswith(message.format(path=path, dir=path.parent)), err
+
+
+# -- issue 29 item 10: huge numbers in a job file -----------------------------------------------------
+
+
+def _huge(path: Path, where: str, literal: str) -> Path:
+    """A job file of one row whose `where` (a field of the row, or `report.FIELD`) holds the JSON text `literal`."""
+    row = _row("t.py::test_a[CPU-float32]", "float32", True)
+    row["report"] = {"n": 256, "max_abs": 1.5e-4, "counts": {"0.0": 39}, "argmax": [0, 1]}
+    marker = "__HUGE__"
+    if where.startswith("report."):
+        row["report"][where.removeprefix("report.")] = marker
+    else:
+        row[where] = marker
+    path.write_text(json.dumps({"results": [row]}).replace(f'"{marker}"', literal))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("where", "literal", "message"),
+    [
+        ("max_abs", "9" * 400, "results[0].max_abs is an integer of 400 digits"),
+        ("max_ulp", "9" * 5000, "results[0].max_ulp is an integer of 5,000 digits"),
+        ("report.n", "9" * 400, "results[0].report.n is an integer of 400 digits"),
+        ("report.counts", '{"0.0": ' + "9" * 400 + "}", "results[0].report.counts['0.0'] is an integer of 400 digits"),
+        ("report.argmax", '["x", "y"]', "results[0].report has 'argmax' ['x', 'y']; expected a list of integers or null"),
+        ("report.max_abs", '"huge"', "results[0].report has 'max_abs' 'huge'; expected a number"),
+    ],
+    ids=["max-abs-400-digits", "int-5000-digits", "count-400-digits", "histogram-400-digits", "argmax-strings", "max-abs-string"],
+)
+@pytest.mark.parametrize("form", [[], ["--markdown"], ["--html", "r.html"]], ids=["text", "markdown", "html"])
+def test_merge_huge_or_mistyped_numbers_are_one_named_error(tmp_path: Path, cli: Callable[..., Any], where: str, literal: str, message: str, form: list[str]) -> None:
+    """Issue 29 item 10: OverflowError/ValueError tracebacks before; one line naming the file, the row and the field."""
+    path = _huge(tmp_path / "job.json", where, literal)
+    out = cli("merge", str(path), *form, cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith(f"error: {path}: {message}"), out.stderr
+    assert out.stderr.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_merge_an_infinite_max_abs_renders(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """A 400-digit float literal is JSON's way to say inf: accepted, and shown as such."""
+    path = _huge(tmp_path / "job.json", "max_abs", "9" * 400 + ".5")
+    out = cli("merge", str(path), "--html", "r.html", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "t.py::test_a[CPU-float32]  CPU       float32  inf" in out.stdout

@@ -114,36 +114,36 @@ MARKDOWN = """\
 
 | test | CPU float32 ort 1.31.0 | CPU float16 ort 1.31.0 | CPU float16 ort 1.32.0 |
 |---|---|---|---|
-| t.py::test_gelu[7] | - | ⏭️ skipped | ❌ 0.000977 (2 ulp) |
+| t.py::test_gelu\\[7] | - | ⏭️ skipped | ❌ 0.000977 (2 ulp) |
 | t.py::test_lnmm | ⚠️ ✅ 1.2e-06 (3 ulp) / ❌ 0.031 (2.6e+05 ulp) | ❌ 0.25 (1.2e+04 ulp) | ✅ 0.00391 (1 ulp) |
 
-✅ passed · ❌ failed · 💥 error · ⏭️ skipped · 🟡 failed as expected (xfail) · ⚠️ jobs disagree; numbers: max abs error (worst ULP error)
+✅ passed · ❌ failed · 💥 error · ⏭️ skipped · 🟡 failed as expected (xfail) · ⚠️ jobs disagree; numbers: max abs error (worst ULP error at the output's scale)
 
 <details><summary>❌ t.py::test_gelu[7] · CPU float16 ort 1.32.0: baseline 'gelu' missing: OrtDiffFailure: ortdiff: no baseline 'gelu'</summary>
 
-- t.py::test_gelu[CPU-float16-7] (job C): passed, max abs 0.000977, max rel 0.000244, max ULP 2; 3 &gt; 0.0001 (1.20 %; allows 5 %); tolerance budget &gt;0.01: 0.10 %
-- t.py::test_gelu[CPU-float16-7] (job C): failed: OrtDiffFailure: ortdiff: no baseline 'gelu'
+- t.py::test_gelu\\[CPU-float16-7] (job C): passed, max abs 0.000977, max rel 0.000244, max ULP 2; 3 &gt; 0.0001 (1.20 %; allows 5 %); tolerance budget &gt;0.01: 0.10 %
+- t.py::test_gelu\\[CPU-float16-7] (job C): failed: OrtDiffFailure: ortdiff: no baseline 'gelu'
 
 </details>
 
 <details><summary>⚠️ t.py::test_lnmm · CPU float32 ort 1.31.0: 2 different results</summary>
 
 - ✅ ok 1.2e-06 (3 ulp) (job A)
-- t.py::test_lnmm[CPU-float32] (job A): passed, max abs 1.2e-06, max rel 3e-07, max ULP 3; 0 &gt; 0.01 (0 %; allows 0.10 %); tolerance budget &gt;0.01: 0.10 %
+- t.py::test_lnmm\\[CPU-float32] (job A): passed, max abs 1.2e-06, max rel 3e-07, max ULP 3; 0 &gt; 0.01 (0 %; allows 0.10 %); tolerance budget &gt;0.01: 0.10 %
 - ❌ FAIL 0.031 (2.6e+05 ulp) (job B): 12 &gt; 0.01 (2.34 %; allows 0.10 %)
-- t.py::test_lnmm[CPU-float32] (job B): failed, max abs 0.031, max rel 0.00775, max ULP 2.6e+05; 12 &gt; 0.01 (2.34 %; allows 0.10 %); tolerance budget &gt;0.01: 0.10 %
+- t.py::test_lnmm\\[CPU-float32] (job B): failed, max abs 0.031, max rel 0.00775, max ULP 2.6e+05; 12 &gt; 0.01 (2.34 %; allows 0.10 %); tolerance budget &gt;0.01: 0.10 %
 
 </details>
 
 <details><summary>❌ t.py::test_lnmm · CPU float16 ort 1.31.0: 585 &gt; 0.01 (57.13 %; allows 0.10 %)</summary>
 
-- t.py::test_lnmm[CPU-float16] (job B): failed, max abs 0.25, max rel 0.0625, max ULP 1.2e+04; 585 &gt; 0.01 (57.13 %; allows 0.10 %); tolerance budget &gt;0.01: 0.10 %
+- t.py::test_lnmm\\[CPU-float16] (job B): failed, max abs 0.25, max rel 0.0625, max ULP 1.2e+04; 585 &gt; 0.01 (57.13 %; allows 0.10 %); tolerance budget &gt;0.01: 0.10 %
 
 </details>
 
 <details><summary>⏭️ 1 skipped cell</summary>
 
-- t.py::test_gelu[7] · CPU float16 ort 1.31.0: CPU-float16: onnxruntime CPUExecutionProvider has no float16 kernel for Gelu(20)
+- t.py::test_gelu\\[7] · CPU float16 ort 1.31.0: CPU-float16: onnxruntime CPUExecutionProvider has no float16 kernel for Gelu(20)
 
 </details>
 

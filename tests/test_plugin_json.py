@@ -91,14 +91,14 @@ def test_merge_strict_fails_on_tests_that_failed_without_a_check(pytester: pytes
     assert "5 test(s): 1 passed, 2 failed, 1 error(s), 1 skipped" in lines
     rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line) for line in lines[1:5])}
     assert rows["test_mixed.py::test_checked[CPU-float32]"][-1] == "passed"
-    assert rows["test_mixed.py::test_fails_before_check[CPU-float32]"] == ["CPU", "float32", "-", "-", "no check ran", "failed"]
-    assert rows["test_mixed.py::test_no_check"] == ["-", "-", "-", "-", "no check ran", "failed"]
-    assert rows["test_mixed.py::test_setup_error[CPU-float32]"] == ["CPU", "float32", "-", "-", "no check ran", "error"]
+    assert rows["test_mixed.py::test_fails_before_check[CPU-float32]"] == ["CPU", "float32", "-", "-", "-", "no check ran", "failed"]
+    assert rows["test_mixed.py::test_no_check"] == ["-", "-", "-", "-", "-", "no check ran", "failed"]
+    assert rows["test_mixed.py::test_setup_error[CPU-float32]"] == ["CPU", "float32", "-", "-", "-", "no check ran", "error"]
     assert "failed: test_mixed.py::test_fails_before_check[CPU-float32]: ValueError: bad feeds" in lines
     assert "errored: test_mixed.py::test_setup_error[CPU-float32]: RuntimeError: fixture broke" in lines
     markdown = cli("merge", "job.json", "--markdown", cwd=pytester.path)
     assert markdown.returncode == 0  # reported, not an error, without --strict
-    assert "| test_mixed.py::test_no_check | - | - | - | - | no check ran | failed |" in markdown.stdout.splitlines()
+    assert "| test_mixed.py::test_no_check | - | - | - | - | - | no check ran | failed |" in markdown.stdout.splitlines()
 
 
 def test_json_is_written_when_no_check_ran(pytester: pytest.Pytester, cli: Callable[..., Any]) -> None:
@@ -123,7 +123,7 @@ def test_json_records_a_collection_error(pytester: pytest.Pytester, cli: Callabl
     assert "No module named 'no_such_module_here'" in tests["test_broken.py"]["message"]
     out = cli("merge", "job.json", "--strict", cwd=pytester.path)
     assert out.returncode == 1
-    assert re.split(r"\s{2,}", out.stdout.splitlines()[1]) == ["test_broken.py", "-", "-", "-", "-", "no check ran", "error"]
+    assert re.split(r"\s{2,}", out.stdout.splitlines()[1]) == ["test_broken.py", "-", "-", "-", "-", "-", "no check ran", "error"]
 
 
 def test_summary_json_and_html_under_xdist(pytester: pytest.Pytester, seed_test: Callable[..., str], xdist_args: list[str]) -> None:

@@ -40,7 +40,7 @@ def test_precision_prints_the_audit_and_the_list_and_writes_the_converted_model(
     result = cli(*args, "--write-converted", str(out))
     assert result.returncode == 0, result.stderr
     text = result.stdout
-    assert "softmax.onnx: 2 input(s), dims {'batch': 2, 'n': 64}, seed 0" in text
+    assert "softmax.onnx: 2 samples (seeds 0 and 1), dims {'batch': 2, 'n': 64}" in text  # (not "2 input(s)": issue 30)
     assert "float16 range audit of 'fp16_hazard_softmax'" in text and "overflows float16" in text
     assert "keep in float32: 3 nodes, 1-minimal" in text and "status: verified" in text
     assert "tolerance budget >0.01: 1.00 %, >0.1: 0 %" in text
@@ -82,7 +82,7 @@ def test_precision_with_feeds_from_a_file(
     ("extra", "message"),
     [
         (["--budget", "0.01"], "--budget '0.01': expected THRESHOLD:FRACTION"),
-        (["--samples", "0"], "--samples 0 --seed 0: expected at least one sample"),
+        (["--samples", "0"], "--samples 0: expected at least one sample"),
         (["--provider", "nope"], "unknown provider 'nope'"),
         (["--dim", "batch=2"], "the model's inputs have symbolic dims ['n']"),
     ],

@@ -134,7 +134,7 @@ def test_t5_list_is_ten_times_smaller_than_the_range_only_rule_and_beats_the_op_
     """Sizes, and each list's converted model in float16 arithmetic against the oracle (the report's numbers:
     the test above and the one below check the report's runtimes against eager float64 and bit for bit).
     The range-only list is the seeds' tool's, nodes flagged and the consumer it keeps with each (checked in
-    the next test); find_node_fp32's flags alone are fewer (the README gives both figures)."""
+    the next test); find_node_fp32's flags alone are fewer (docs/deployment/half-precision.md gives both figures)."""
     _, model, _ = t5
     ours, by_op, ranged = (
         t5_report.result(m) for m in ("keep_float32", "op-type block list", "range-only rule")

@@ -140,24 +140,24 @@ ROWS = [
 def test_render_table_text() -> None:
     lines = render_table(ROWS).splitlines()
     assert lines == [
-        "test                   provider  dtype    max abs   max rel   worst budget line           result",
-        "t.py::a[CPU-float32]   CPU       float32  0.000153  5.57e-07  0 > 0.01 (0 %; allows 0 %)  passed",
-        "t.py::b[CUDA-float16]  CUDA      float16  0.25      -         585,826 > 0.01 (24.83 %)    failed",
+        "test                   provider  dtype    max abs   max rel   max ulp  worst budget line           result",
+        "t.py::a[CPU-float32]   CPU       float32  0.000153  5.57e-07  -        0 > 0.01 (0 %; allows 0 %)  passed",
+        "t.py::b[CUDA-float16]  CUDA      float16  0.25      -         -        585,826 > 0.01 (24.83 %)    failed",
     ]
 
 
 def test_render_table_markdown() -> None:
     lines = render_table(ROWS, markdown=True).splitlines()
     assert lines == [
-        "| test | provider | dtype | max abs | max rel | worst budget line | result |",
-        "|---|---|---|---|---|---|---|",
-        "| t.py::a[CPU-float32] | CPU | float32 | 0.000153 | 5.57e-07 | 0 > 0.01 (0 %; allows 0 %) | passed |",
-        "| t.py::b[CUDA-float16] | CUDA | float16 | 0.25 | - | 585,826 > 0.01 (24.83 %) | failed |",
+        "| test | provider | dtype | max abs | max rel | max ulp | worst budget line | result |",
+        "|---|---|---|---|---|---|---|---|",
+        "| t.py::a[CPU-float32] | CPU | float32 | 0.000153 | 5.57e-07 | - | 0 > 0.01 (0 %; allows 0 %) | passed |",
+        "| t.py::b[CUDA-float16] | CUDA | float16 | 0.25 | - | - | 585,826 > 0.01 (24.83 %) | failed |",
     ]
 
 
 def test_render_table_empty() -> None:
-    assert render_table([]) == "test  provider  dtype  max abs  max rel  worst budget line  result"
+    assert render_table([]) == "test  provider  dtype  max abs  max rel  max ulp  worst budget line  result"
 
 
 # -- worst budget line --------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def test_render_table_names_nan_inf_mismatches_instead_of_the_budget_line() -> N
     assert worst_budget_line(r, None) == "50 > 100 (19.53 %)"  # the histogram counts the mismatches too
     row = {"test": "t.py::a", "provider": "CPU", "dtype": "float32", "max_abs": r.max_abs, "max_rel": r.max_rel, "worst": worst_budget_line(r, None), "outcome": "failed", "report": r.to_dict()}
     lines = render_table([row]).splitlines()
-    assert re.split(r"\s{2,}", lines[1]) == ["t.py::a", "CPU", "float32", "0.25", "2.13e+37", "50 NaN, 0 Inf mismatches", "failed"]
+    assert re.split(r"\s{2,}", lines[1]) == ["t.py::a", "CPU", "float32", "0.25", "2.13e+37", "1.78e+44", "50 NaN, 0 Inf mismatches", "failed"]
     inf = compare(torch.tensor([1.0, math.inf, 2.0]), torch.tensor([1.0, -math.inf, math.inf]))
     row = {**row, "max_abs": inf.max_abs, "worst": worst_budget_line(inf, None), "report": inf.to_dict()}
     assert "| 0 NaN, 2 Inf mismatches | failed |" in render_table([row], markdown=True)

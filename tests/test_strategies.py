@@ -4,6 +4,7 @@ a deliberately broken kernel is found and shrunk to the boundary, profiles are r
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -143,7 +144,7 @@ def test_fuzz_finds_and_shrinks_to_the_boundary() -> None:
     message = str(info.value)
     assert "smallest failing case (shrunk by hypothesis): dims={'a': 1, 'b': 1, 'c': 41}" in message
     assert "|diff| >" in message  # the histogram
-    assert "reproduce: model = models.layer_norm_matmul_add(dtype='float32'); feeds = strategies.make_feeds(model, {'a': 1, 'b': 1, 'c': 41}" in message
+    assert "reproduce: from pytest_ortdiff import models, strategies; model = models.layer_norm_matmul_add(dtype='float32'); feeds = strategies.make_feeds(model, {'a': 1, 'b': 1, 'c': 41}" in message
 
 
 def _softmax_broken_past_8_keys(x: torch.Tensor) -> torch.Tensor:
@@ -167,11 +168,11 @@ def test_fuzz_rebuilds_graphs_for_builder_dims_and_shrinks_them() -> None:
     values = eval(line.split("dims=")[1].split(" regime=")[0])
     assert values["past"] + values["seq"] == 9, line  # the boundary: 9 keys
     assert values["batch"] == 1 and values["heads"] == values["kv_heads"] == 1, line
-    assert "reproduce: model = models.llama_attention(dtype='float32', hidden=" in message
+    assert "reproduce: from pytest_ortdiff import models, strategies; model = models.llama_attention(dtype='float32', hidden=" in message
     # the reproduce line really rebuilds the failing case
     repro = next(x for x in message.splitlines() if "reproduce:" in x).split("reproduce: ")[1]
-    scope: dict = {"models": models, "strategies": strategies}
-    exec(repro, scope)
+    scope: dict = {}
+    exec(repro, scope)  # (as it is: its imports included)
     assert scope["feeds"]["hidden_states"].shape[-1] == values["hidden"]
 
 
@@ -233,3 +234,34 @@ def test_fuzz_failure_in_a_test_run(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*smallest failing case (shrunk by hypothesis): dims={'a': 1, 'b': 8, 'c': 1}*"])
     result.stdout.fnmatch_lines(["test_fz.py::test_fuzz[[]CPU-float32[]] [[]fuzz[]] * failed"])
+
+
+def user_builder(dtype: str = "float32", c: int = 8) -> Any:
+    """A builder of the user's own, in their module (here: this test module)."""
+    return models.layer_norm_matmul_add(dtype=dtype)
+
+
+user_builder.build_dims = ("c",)  # type: ignore[attr-defined]
+
+
+def test_fuzz_reproduce_line_for_a_users_builder_is_runnable() -> None:
+    """Issue 30: it read `models.build(dtype='float32')` (no such builder): the user's own builder is imported
+    from the user's module, a model file loaded from its path, and the line runs as printed."""
+    from pytest_ortdiff.fuzz import _reproduce_line
+
+    line = _reproduce_line("float32", user_builder, ("c",), {"a": 1, "b": 2, "c": 8}, "normal", 3)
+    assert line == (
+        f"from {user_builder.__module__} import user_builder; from pytest_ortdiff import strategies; "
+        "model = user_builder(dtype='float32', c=8); feeds = strategies.make_feeds(model, {'a': 1, 'b': 2, 'c': 8}, 'normal', 3)"
+    )
+    scope: dict = {}
+    exec(line, scope)
+    assert scope["feeds"]["X"].shape == (1, 2, 8)
+
+    def local(dtype: str) -> Any:
+        return models.layer_norm_matmul_add(dtype=dtype)
+
+    line = _reproduce_line("float16", local, (), {"a": 1, "b": 1, "c": 4}, "normal", 0)
+    assert line.startswith("from pytest_ortdiff import strategies; model = local(dtype='float16'); feeds = ")
+    assert f"(test_fuzz_reproduce_line_for_a_users_builder_is_runnable.<locals>.local of {__name__}: the builder given to fuzz)" in line
+    assert _reproduce_line("float32", "m.onnx", (), {"a": 1}, "normal", 0) == "import onnx; from pytest_ortdiff import strategies; model = onnx.load('m.onnx'); feeds = strategies.make_feeds(model, {'a': 1}, 'normal', 0)"

@@ -1,4 +1,4 @@
-"""float16 hazards (seeds/001): small graphs whose intermediates leave float16's range when computed in
+"""float16 hazards: small graphs whose intermediates leave float16's range when computed in
 float16 — Pow, ReduceMean, Exp/Softmax overflowing 65504, Log and Div of values that underflowed to 0.
 
 Each graph is what an exporter writes for a common pattern, computed entirely in the model's dtype; its
@@ -79,7 +79,7 @@ _KINDS: dict[str, _Hazard] = {
 
 
 def fp16_hazards(kind: str, *, dtype: Any = "float16", opset: int = 18, batch: int | str = "batch", n: int | str = "n") -> onnx.ModelProto:
-    """A graph whose float16 computation overflows or underflows (seeds/001) for its recorded feeds.
+    """A graph whose float16 computation overflows or underflows for its recorded feeds.
 
     `kind` (all in `fp16_hazards.kinds`), input X and output Y, every node in `dtype`:
 

@@ -1,6 +1,6 @@
-"""The seeds/000 graph: LayerNormalization -> MatMul -> Add, and its torch twin.
+"""The reference graph: LayerNormalization -> MatMul -> Add, and its torch twin.
 
-X in [-60, 60) as in the seed ((rand - 0.5) * 120); scale, bias, weights, bias2 in [0, 1).
+X in [-60, 60) ((rand - 0.5) * 120); scale, bias, weights, bias2 in [0, 1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Llama attention and a Llama decoder layer (seeds/002), decomposed into opset-18 ops the way exporters
+"""Llama attention and a Llama decoder layer, decomposed into opset-18 ops the way exporters
 write them, or with the opset-23 `Attention` / `RotaryEmbedding` / `RMSNormalization` ops (`fused=True`).
 
 Both follow transformers' eager Llama: q/k/v projections, rotary embedding (rotate_half, cos/sin computed

@@ -1,4 +1,4 @@
-"""MLPs (seeds/003's Linear -> ReLU -> Linear, and Linear -> GELU -> Linear), and the twin machinery
+"""MLPs (Linear -> ReLU -> Linear, and Linear -> GELU -> Linear), and the twin machinery
 every builder of the zoo shares.
 
 A zoo builder returns an `onnx.ModelProto` whose weights are initializers drawn from a seeded
@@ -53,7 +53,7 @@ def builder_info(model: Any) -> tuple[str, dict[str, Any]]:
     m = load_model(model)
     props = {p.key: p.value for p in m.metadata_props}
     if BUILDER_KEY not in props:
-        if m.graph.name == "layer_norm_matmul_add":  # the seeds/000 builder predates the metadata
+        if m.graph.name == "layer_norm_matmul_add":  # the reference graph's builder predates the metadata
             (ln,) = [n for n in m.graph.node if n.op_type == "LayerNormalization"]
             eps = next((a.f for a in ln.attribute if a.name == "epsilon"), 1e-5)
             return "layer_norm_matmul_add", {"epsilon": eps}
@@ -218,7 +218,7 @@ def check_positive(**values: int) -> None:
             raise ValueError(f"{k} must be a positive int, got {v!r}")
 
 
-# -- mlp: Linear -> ReLU -> Linear (seeds/003) ------------------------------------------------------
+# -- mlp: Linear -> ReLU -> Linear ----------------------------------------------------------------
 
 
 def _mlp_weights(in_features: int, hidden: int, out_features: int, dtype: Any, seed: int) -> dict[str, torch.Tensor]:
@@ -263,7 +263,7 @@ def _two_layer(name: str, activation: str, dtype: Any, opset: int, in_features: 
 
 
 def mlp(*, dtype: Any = "float32", opset: int = 18, in_features: int = 10, hidden: int = 32, out_features: int = 1, batch: int | str = "batch", seed: int = 0) -> onnx.ModelProto:
-    """seeds/003's MLP: Y = Gemm(Relu(Gemm(X, fc1.weight, fc1.bias, transB=1)), fc2.weight, fc2.bias, transB=1).
+    """The MLP: Y = Gemm(Relu(Gemm(X, fc1.weight, fc1.bias, transB=1)), fc2.weight, fc2.bias, transB=1).
 
     X is [batch, in_features] (batch symbolic unless an int is given), in [-2, 2); the weights are
     initializers in torch.nn.Linear's layout and init, drawn from `seed`. Twin: `MLP`.

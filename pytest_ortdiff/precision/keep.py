@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import onnx
 import torch
@@ -27,6 +27,7 @@ from ..dtypes import dtype_of
 from ..formatting import g, table
 from ..model_io import check_model, has_subgraph, iter_graphs, load_model
 from ..runtimes.evaluator import TorchEvaluator
+from ..tolerance import parse_budget  # (the command line's; kept importable from here)
 from .audit import AuditReport, audit
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ __all__ = [
     "range_only_list",
 ]
 
-#: onnxruntime's T5 demo list (the op-type block list of the issue and of the seeds' notebook): these op
+#: onnxruntime's T5 demo list (the op-type block list of onnxruntime's T5 notebook): these op
 #: types stay in float32, on top of the converter's own DEFAULT_OP_BLOCK_LIST
 OP_TYPE_BLOCK_LIST = ("Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Softmax", "Relu")
 _HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -581,6 +582,7 @@ class _Simulator:
         *,
         keep_io_types: bool,
         device: str,
+        missing: Literal["error", "ort"] = "error",
     ) -> None:
         self.half = half
         self.half_dtype = _HALF[half]
@@ -601,7 +603,7 @@ class _Simulator:
             for _, x in pos:
                 self.init_users.setdefault(x, set()).add(name)
         switched = set(candidates) | set(self.init_inputs)
-        plain = TorchEvaluator(model, device=device, check_model=False)
+        plain = TorchEvaluator(model, device=device, check_model=False, missing=missing)
         kernels = {n.name: (n, k) for n, k, _ in plain.iter_kernels() if n.name in switched}
         self.rounded = _Rounded(initializers, half, device)
         self.lowered: frozenset[str] = frozenset()
@@ -611,6 +613,7 @@ class _Simulator:
         self.ev = TorchEvaluator(
             model,
             device=device,
+            missing=missing,
             kernels={n: self._switch(*kernels[n]) for n in switched},
             check_model=False,
         )
@@ -1001,9 +1004,9 @@ def _feeds_list(
 
 
 def _oracle(
-    model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]], device: str
+    model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]], device: str, missing: Literal["error", "ort"] = "error"
 ) -> list[list[Any]]:
-    ev = TorchEvaluator(model, device=device, compute_dtype=torch.float64, check_model=False)
+    ev = TorchEvaluator(model, device=device, compute_dtype=torch.float64, check_model=False, missing=missing)
     return [list(ev.run(None, f)) for f in feeds]
 
 
@@ -1045,6 +1048,7 @@ def _verify(
     device: str,
     half: str,
     keep_io_types: bool,
+    missing: Literal["error", "ort"] = "error",
 ) -> tuple[Outcome, Outcome]:
     """The converted model against the oracle: on onnxruntime (the provider), and in the torch evaluator,
     which computes its half-precision nodes in half precision."""
@@ -1072,7 +1076,7 @@ def _verify(
             violation=f"onnxruntime {provider} cannot run it: {str(exc).strip().splitlines()[0][:200]}",
             ran=False,
         )
-    ev = TorchEvaluator(converted, device=device, check_model=False)
+    ev = TorchEvaluator(converted, device=device, check_model=False, missing=missing)
     arith = _run_outcome(f"{half} arithmetic", lambda f: list(ev.run(None, f)), feeds, judge)
     return ort, arith
 
@@ -1161,7 +1165,7 @@ def _judge(checker: Checker, oracle: Sequence[Sequence[Any]], names: Sequence[st
 
 
 def range_only_list(report: AuditReport) -> tuple[str, ...]:
-    """The range-only rule as the seeds' tool applies it (transformer-deploy's `get_keep_fp32_nodes`): the
+    """The range-only rule as transformer-deploy applies it (its `get_keep_fp32_nodes`): the
     nodes `find_node_fp32` flags (`range_flagged`), each followed by the consumer of its output that
     transformer-deploy keeps with it ("they will receive FP32 values as input"; its mapping from a value to
     its reader keeps the last reader in graph order, so one consumer per node). Graph order, no repeats."""
@@ -1177,7 +1181,7 @@ def range_only_list(report: AuditReport) -> tuple[str, ...]:
 
 
 def range_flagged(report: AuditReport) -> tuple[str, ...]:
-    """transformer-deploy's `find_node_fp32`, the rule of the seeds' tool, over the audited inputs: every
+    """transformer-deploy's `find_node_fp32` over the audited inputs: every
     node one of whose float32 output elements, on some input, is beyond float16's max (|x| > 65504, ±inf
     included) or non-zero and below 5.96e-8 in magnitude (float16's smallest subnormal: it rounds to 0 or
     to that). NaN alone does not count (its comparisons are false there too). The thresholds are float16's
@@ -1196,7 +1200,7 @@ def range_flagged(report: AuditReport) -> tuple[str, ...]:
 
 def _not_full_precision_count(report: AuditReport) -> int:
     """Nodes with a float32 output element the half type does not hold at full precision on some input:
-    overflow, underflow to 0, a subnormal, or NaN/Inf (a broader count than the seeds' rule)."""
+    overflow, underflow to 0, a subnormal, or NaN/Inf (a broader count than transformer-deploy's rule)."""
     return sum(
         1
         for n in report.nodes
@@ -1218,6 +1222,7 @@ def keep_float32(
     provider: str = "CPU",
     max_runs: int | None = None,
     audit_report: AuditReport | None = None,
+    missing: Literal["error", "ort"] = "error",
 ) -> KeepReport:
     """The smallest set of nodes to keep in float32 so that the `dtype` conversion of the float32 `model`
     meets `tolerance` against the float64 oracle on every input of `feeds_iter` (one dict or an iterable).
@@ -1237,6 +1242,7 @@ def keep_float32(
     same model and inputs. `tolerance`: a Tolerance, a dict of its arguments or (atol, rtol), resolved for
     `dtype` (None: its default atol/rtol). A tolerance the model cannot meet with every node in float32 ends
     "unreachable"; a search past `max_runs` evaluator runs ends "stopped" with the best list it verified.
+    `missing="ort"`: the ops the torch evaluator has no kernel for run on onnxruntime (TorchEvaluator's `missing`).
     """
     half = _half_name(dtype)
     checker = Checker(provider, half, tolerance=tolerance)
@@ -1246,7 +1252,7 @@ def keep_float32(
     feeds = _feeds_list(feeds_iter, "keep_float32")
     device = checker.device
     report = (
-        audit_report if audit_report is not None else audit(named, feeds, dtype=half, device=device)
+        audit_report if audit_report is not None else audit(named, feeds, dtype=half, device=device, missing=missing)
     )
     floats = _float32_values(named)
     default_blocked = set(_default_op_block_list())
@@ -1259,8 +1265,8 @@ def keep_float32(
         and not has_subgraph(n)
         and any(x in floats for x in [*n.input, *n.output] if x)
     )
-    sim = _Simulator(named, half, candidates, floats, keep_io_types=keep_io_types, device=device)
-    search = _Search(sim, feeds, _oracle(named, feeds, device), checker, max_runs, report)
+    sim = _Simulator(named, half, candidates, floats, keep_io_types=keep_io_types, device=device, missing=missing)
+    search = _Search(sim, feeds, _oracle(named, feeds, device, missing), checker, max_runs, report)
     flagged = tuple(
         n.node_name or n.name for n in report.flagged if (n.node_name or n.name) in candidates
     )
@@ -1321,7 +1327,7 @@ def keep_float32(
             named, nodes, dtype=half, keep_io_types=keep_io_types, op_block_list=ops
         )
         ort, arith = _verify(
-            converted, search.feeds, search.judge, checker.provider, device, half, keep_io_types
+            converted, search.feeds, search.judge, checker.provider, device, half, keep_io_types, missing
         )
         shown = (
             tuple(nodes)
@@ -1356,9 +1362,10 @@ def keep_float32(
     results.append(
         result(
             "range-only rule",
-            f"every node with a float32 output element beyond ±65504 or non-zero below 5.96e-08 on some input "
-            f"({len(range_flagged(report))}: transformer-deploy's find_node_fp32), and the consumer of each that "
-            "transformer-deploy's get_keep_fp32_nodes keeps with it (the seeds' tool); "
+            f"every node with a float32 output element beyond float16's ±65504 or non-zero below float16's 5.96e-08 on some input "
+            f"({len(range_flagged(report))}: transformer-deploy's find_node_fp32"
+            + ("; float16's thresholds: the tool has none for bfloat16" if half != "float16" else "")
+            + "), and the consumer of each that transformer-deploy's get_keep_fp32_nodes keeps with it; "
             f"{_not_full_precision_count(report)} nodes hold a value {half} does not hold at full precision (subnormals included)",
             ranged,
         )[0]
@@ -1507,19 +1514,3 @@ def check_conversion(
         provider=provider,
     )
     return ConversionCheck(half, checker.provider, checker.tolerance, (ort, arith), keep, notes)
-
-
-def parse_budget(items: Sequence[str]) -> dict[float, float]:
-    """`--budget 0.01:0.001 --budget 1:0` (or one comma list) -> {0.01: 0.001, 1.0: 0.0}."""
-    budget: dict[float, float] = {}
-    for item in (p for it in items for p in it.split(",") if p.strip()):
-        t, sep, f = item.partition(":")
-        try:
-            if not sep:
-                raise ValueError
-            budget[float(t)] = float(f)
-        except ValueError:
-            raise ValueError(
-                f"--budget {item!r}: expected THRESHOLD:FRACTION, e.g. --budget 0.01:0.001 (at most 0.1 % of elements off by more than 0.01)"
-            ) from None
-    return budget

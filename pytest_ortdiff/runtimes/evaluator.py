@@ -1231,9 +1231,21 @@ def _missing_error(missing: Mapping[str, int]) -> MissingKernelError:
     them = "it" if len(ops) == 1 else "them"
     return MissingKernelError(
         f"no torch kernel for {listed}; run {them} on onnxruntime: TorchEvaluator(model, kernels={{{pairs}}}), "
-        f'or every op without a kernel: TorchEvaluator(model, missing="ort"); known ops: {", ".join(_kernels.known_ops())}',
+        f'or every op without a kernel: TorchEvaluator(model, missing="ort"); {_known_near(ops)}',
         ops,
     )
+
+
+def _known_near(ops: Sequence[str]) -> str:
+    """"known ops: 251, the nearest: MatMul, MatMulInteger, QLinearMatMul (all: runtimes.kernels.known_ops())":
+    the known ops named like the missing ones, not all 250 of them on one line."""
+    import difflib
+
+    known = _kernels.known_ops()
+    by_name = {k.rpartition("::")[2]: k for k in known}
+    near = dict.fromkeys(by_name[n] for op in ops for n in difflib.get_close_matches(op.rpartition("::")[2], list(by_name), n=4, cutoff=0.6))
+    named = f", the nearest: {', '.join(near)}" if near else ""
+    return f"known ops: {len(known)}{named} (all: pytest_ortdiff.runtimes.kernels.known_ops())"
 
 
 def _element_type(t: onnx.TypeProto) -> onnx.TypeProto.Tensor | None:

@@ -1,0 +1,336 @@
+"""The command line people expect (issue 30): `blame MODEL`, `diff ORIGINAL DEPLOYED`, tolerance flags and
+`--dtype` on `compare`, `--json` on compare/blame/diff (a stable schema), `--missing` wherever a model runs,
+and `--help` and argument errors before any heavy import; with the inputs from someone else's files
+(`--feeds` .npz bombs, names with escape sequences) refused in one line (issue 29 items 5 and 8)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from pytest_ortdiff import models
+from pytest_ortdiff.precision.keep import convert_half
+
+DIMS = ["--dim", "a=2", "--dim", "b=8", "--dim", "c=16"]
+
+
+@pytest.fixture
+def lnmm32(tmp_path: Path) -> Path:
+    path = tmp_path / "lnmm32.onnx"
+    onnx.save(models.layer_norm_matmul_add(dtype="float32"), str(path))
+    return path
+
+
+@pytest.fixture
+def lnmm16(tmp_path: Path) -> Path:
+    path = tmp_path / "lnmm16.onnx"
+    onnx.save(models.layer_norm_matmul_add(dtype="float16"), str(path))
+    return path
+
+
+def _quickgelu(path: Path, name: str = "X") -> Path:
+    """X[a, 4] -> com.microsoft::QuickGelu -> Y: an op the torch evaluator has no kernel for."""
+    node = helper.make_node("QuickGelu", [name], ["Y"], domain="com.microsoft", alpha=1.702)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["a", 4])], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["a", 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]), str(path))
+    return path
+
+
+# -- --help and argument errors: nothing heavy imported ----------------------------------------------------
+
+HEAVY = ("torch", "onnxruntime", "onnx", "numpy")
+
+
+def test_help_and_argument_errors_import_no_heavy_module(tmp_path: Path, lnmm32: Path) -> None:
+    """A missing file took 14.5 s to be reported (torch imported first). Each case runs main() in one fresh
+    interpreter and says which heavy modules it imported by the time it returned: none. (The time, as a ratio
+    to `python -c pass`: benchmarks/bench_cli.py.)"""
+    missing = str(tmp_path / "nope.onnx")
+    cases = {
+        "help": ["--help"],
+        "compare-help": ["compare", "--help"],
+        "blame-help": ["blame", "--help"],
+        "diff-help": ["diff", "--help"],
+        "compare-missing-file": ["compare", missing],
+        "blame-missing-file": ["blame", missing],
+        "diff-missing-file": ["diff", str(lnmm32), missing],
+        "precision-missing-file": ["precision", missing],
+        "compare-missing-feeds": ["compare", str(lnmm32), "--feeds", str(tmp_path / "nope.npz")],
+        "bad-dim": ["compare", str(lnmm32), "--dim", "a"],
+        "bad-atol": ["compare", str(lnmm32), "--atol", "-1"],
+        "bad-budget": ["blame", str(lnmm32), "--budget", "0.01"],
+        "bad-provider": ["compare", str(lnmm32), "--provider", "TPU"],
+        "bad-range": ["compare", str(lnmm32), "--input-range", "X=1"],
+        "bad-seed": ["compare", str(lnmm32), "--seed", "-1"],
+        "bad-dtype": ["compare", str(lnmm32), "--dtype", "float8"],
+        "directory": ["compare", str(tmp_path)],
+    }
+    script = textwrap.dedent(
+        f"""
+        import contextlib, io, json, sys
+        from pytest_ortdiff.cli import main
+        out = {{}}
+        for name, argv in json.loads(sys.argv[1]).items():
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                try:
+                    rc = main(argv)
+                except SystemExit as exc:
+                    rc = exc.code
+            out[name] = [rc, err.getvalue(), [m for m in {HEAVY!r} if m in sys.modules]]
+        print(json.dumps(out))
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], capture_output=True, text=True, check=True)
+    results = json.loads(run.stdout)
+    for name, (rc, err, heavy) in results.items():
+        assert heavy == [], f"{name}: imported {heavy}"
+        assert rc == (0 if name.endswith("help") else 2), (name, rc, err)
+    assert results["compare-missing-file"][1] == f"error: model file {missing!r} does not exist\n"
+    assert results["compare-missing-feeds"][1] == f"error: --feeds {tmp_path / 'nope.npz'}: the file does not exist\n"
+    assert results["bad-atol"][1] == "error: --atol -1: atol must be a non-negative number or a dict {dtype: number}, got -1.0\n"
+    assert results["bad-budget"][1].startswith("error: --budget '0.01': expected THRESHOLD:FRACTION, e.g. --budget 0.01:0.001")
+    assert results["bad-provider"][1].startswith("error: --provider TPU: unknown provider 'TPU'")
+    assert results["directory"][1] == f"error: model file {str(tmp_path)!r} is a directory, not a file\n"
+    assert "invalid choice: 'float8'" in results["bad-dtype"][1]
+
+
+# -- compare: tolerance flags, --dtype, --json ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "rc", "tolerance"),
+    [
+        ([], 0, "passed (atol=0.0001 rtol=0.0001)"),
+        (["--atol", "0", "--rtol", "0"], 1, "ortdiff: torch evaluator vs onnxruntime CPU float32: tolerance broken (atol=0 rtol=0)"),
+        (["--max-ulp", "2"], 0, "passed (max_ulp=2)"),  # (floored 2; 3 raw)
+        (["--max-ulp", "1"], 1, "ortdiff: torch evaluator vs onnxruntime CPU float32: tolerance broken (max_ulp=1)"),
+        (["--budget", "1e-7:0.2", "--budget", "1e-6:0"], 0, "passed (budget >1e-07: 20.00 %, >1e-06: 0 %)"),
+        (["--budget", "1e-7:0.1"], 1, "ortdiff: torch evaluator vs onnxruntime CPU float32: tolerance broken (budget >1e-07: 10.00 %)"),
+    ],
+    ids=["defaults", "bitwise", "max-ulp-2", "max-ulp-1", "budget-passes", "budget-breaks"],
+)
+def test_compare_tolerance_flags_change_the_exit_code(lnmm32: Path, cli: Callable[..., Any], flags: list[str], rc: int, tolerance: str) -> None:
+    """The seeds' graph in float32 on CPU: max abs 9.54e-07, 3 ULPs raw (2 at the output's scale), 39 of 256
+    elements differ (15 %)."""
+    out = cli("compare", str(lnmm32), *DIMS, *flags)
+    assert (out.returncode, out.stderr) == (rc, "")
+    assert out.stdout.splitlines()[1] == tolerance
+
+
+def test_compare_json_has_a_stable_schema(lnmm32: Path, cli: Callable[..., Any]) -> None:
+    out = cli("compare", str(lnmm32), *DIMS, "--atol", "0", "--rtol", "0", "--json")
+    assert out.returncode == 1 and out.stderr == ""
+    data = json.loads(out.stdout)  # the whole stdout is one JSON document
+    assert list(data) == [
+        "schema", "command", "model", "provider", "dtype", "converted_from", "dims", "seed", "feeds", "input_ranges",
+        "ort_kernels", "missing", "tolerance", "passed", "violations", "ran_on_ort", "report",
+    ]  # fmt: skip
+    assert (data["schema"], data["command"], data["model"], data["provider"], data["dtype"]) == (1, "compare", str(lnmm32), "CPU", "float32")
+    assert (data["converted_from"], data["dims"], data["seed"], data["feeds"], data["missing"]) == (None, {"a": 2, "b": 8, "c": 16}, 0, None, "error")
+    assert data["tolerance"] == {"atol": 0.0, "rtol": 0.0, "max_ulp": None, "budget": None, "text": "atol=0 rtol=0"}
+    assert data["passed"] is False
+    assert data["violations"] == [{"rule": "allclose", "output": "Z", "message": data["violations"][0]["message"]}]
+    assert data["violations"][0]["message"].startswith("39 of 256 elements (15.23 %) exceed atol=0 + rtol=0*|expected|")
+    report = data["report"]
+    assert (report["dtype"], report["n"], report["max_ulp"], report["max_ulp_floored"]) == ("float32", 256, 3.0, 2.0)
+    assert [(o["name"], o["shape"]) for o in report["outputs"]] == [("Z", [2, 8, 16])]  # (one per output: DiffReport.to_dict)
+
+
+def test_compare_dtype_converts_a_float32_model(lnmm32: Path, cli: Callable[..., Any]) -> None:
+    out = cli("compare", str(lnmm32), *DIMS, "--dtype", "float16")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (
+        f"{lnmm32}: torch evaluator vs onnxruntime CPU float16, dims {{'a': 2, 'b': 8, 'c': 16}}, seed 0; "
+        "converted from float32 by onnxruntime's float16 converter, every node"
+    )
+    assert lines[1] == "passed (atol=0.01 rtol=0.01)" and lines[2] == "output 'Z'  float16[2x8x16]  n=256"
+    data = json.loads(cli("compare", str(lnmm32), *DIMS, "--dtype", "float16", "--json").stdout)
+    assert (data["dtype"], data["converted_from"], data["report"]["dtype"]) == ("float16", "float32", "float16")
+
+
+def test_compare_dtype_the_other_way_is_one_error_line(lnmm16: Path, cli: Callable[..., Any]) -> None:
+    out = cli("compare", str(lnmm16), *DIMS, "--dtype", "float32")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == "error: --dtype float32: the model computes in float16; compare converts a float32 model to float16 or bfloat16, not back (give the float32 model, or leave --dtype out)\n"
+
+
+# -- blame ---------------------------------------------------------------------------------------------------
+
+
+def test_blame_prints_the_table(lnmm16: Path, cli: Callable[..., Any]) -> None:
+    out = cli("blame", str(lnmm16), *DIMS)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"{lnmm16}: blame, torch evaluator vs onnxruntime CPU float16, dims {{'a': 2, 'b': 8, 'c': 16}}, seed 0"
+    assert lines[1].startswith("blame: torch evaluator vs onnxruntime CPU float16: gap max abs ")
+    assert lines[2].split() == ["node", "op", "explained", "vs", "ort", "vs", "torch", "local", "abs", "local", "ulp", "drift", "abs", "vs", "f64", "abs", "vs", "f64", "ulp"]
+    assert {line.split()[0] for line in lines[3:6]} == {"layer_norm", "matmul", "add"}
+    assert "against the float64 oracle (in the tested dtype):" in lines
+    assert any(line.startswith(("most to blame: ", "no single node explains 10 % of the gap")) for line in lines)
+
+
+def test_blame_json(lnmm16: Path, cli: Callable[..., Any]) -> None:
+    out = cli("blame", str(lnmm16), *DIMS, "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert list(data)[:6] == ["schema", "command", "model", "provider", "dtype", "converted_from"]
+    assert (data["schema"], data["command"], data["dtype"]) == (1, "blame", "float16")
+    table = data["blame"]
+    assert table["nodes"] == 3 and len(table["rows"]) == 3
+    assert {r["node"] for r in table["rows"]} == {"layer_norm", "matmul", "add"}
+    assert set(table) >= {"provider", "dtype", "gap", "rows", "by_op_type", "oracle", "first_divergence", "culprit", "closer_to_oracle", "notes"}
+
+
+def test_blame_missing_ort_and_ort_kernel(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    path = _quickgelu(tmp_path / "qg.onnx")
+    out = cli("blame", str(path), "--dim", "a=2")
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead: --ort-kernel com.microsoft::QuickGelu (or --missing=ort)")
+    for flags in (["--missing", "ort"], ["--ort-kernel", "com.microsoft::QuickGelu"]):
+        out = cli("blame", str(path), "--dim", "a=2", *flags)
+        assert out.returncode == 0, out.stderr
+        assert "no discrepancy: nothing to blame" in out.stdout
+
+
+# -- diff: did my deployment step move the numbers? ------------------------------------------------------
+
+
+@pytest.fixture
+def deployed(tmp_path: Path) -> Path:
+    """The float32 seeds' graph converted to float16 by onnxruntime's converter, its inputs and outputs kept float32."""
+    path = tmp_path / "lnmm_fp16.onnx"
+    onnx.save(convert_half(models.layer_norm_matmul_add(dtype="float32"), (), dtype="float16", keep_io_types=True), str(path))
+    return path
+
+
+def test_diff_compares_outputs_and_names_the_first_divergence(lnmm32: Path, deployed: Path, cli: Callable[..., Any]) -> None:
+    out = cli("diff", str(lnmm32), str(deployed), *DIMS)
+    assert out.returncode == 1, out.stderr  # float32 outputs, float32's default tolerance: float16 arithmetic breaks it
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"{lnmm32} -> {deployed}: onnxruntime CPU, the same feeds (dims {{'a': 2, 'b': 8, 'c': 16}}, seed 0), outputs compared as float32"
+    assert lines[1] == "outputs moved beyond the tolerance (atol=0.0001 rtol=0.0001):"
+    assert lines[2].startswith("  - Z: ") and "exceed atol=0.0001 + rtol=0.0001*|expected|" in lines[2]
+    assert "output 'Z'  float32[2x8x16]  n=256" in lines
+    assert "node by node (the values of the two graphs aligned):" in lines
+    assert any(line.startswith("first divergence beyond tolerance: row ") and "'norm' (LayerNormalization)" in line for line in lines), lines
+    loose = cli("diff", str(lnmm32), str(deployed), *DIMS, "--atol", "0.02", "--rtol", "0.02")
+    assert loose.returncode == 0 and loose.stdout.splitlines()[1] == "outputs within the tolerance (atol=0.02 rtol=0.02)"
+
+
+def test_diff_json(lnmm32: Path, deployed: Path, cli: Callable[..., Any]) -> None:
+    out = cli("diff", str(lnmm32), str(deployed), *DIMS, "--json")
+    assert out.returncode == 1, out.stderr
+    data = json.loads(out.stdout)
+    assert list(data) == [
+        "schema", "command", "original", "deployed", "provider", "dtype", "dims", "seed", "feeds", "input_ranges",
+        "tolerance", "passed", "violations", "outputs", "report", "alignment",
+    ]  # fmt: skip
+    assert (data["command"], data["original"], data["deployed"], data["dtype"], data["passed"]) == ("diff", str(lnmm32), str(deployed), "float32", False)
+    assert data["outputs"] == [{"original": "Z", "deployed": "Z", "compared_as": "float32"}]
+    alignment = data["alignment"]
+    assert alignment["first_divergence"] is not None
+    row = alignment["rows"][alignment["first_divergence"]]
+    assert (row["status"], row["a"]["op_type"], row["b"]["op_type"]) == ("!", "LayerNormalization", "LayerNormalization")
+
+
+def test_diff_of_a_model_with_itself_is_exact(lnmm32: Path, cli: Callable[..., Any]) -> None:
+    out = cli("diff", str(lnmm32), str(lnmm32), *DIMS)
+    assert out.returncode == 0, out.stderr
+    assert "no pair diverges beyond tolerance" in out.stdout and "max abs   0 " in out.stdout
+
+
+def test_diff_of_two_unrelated_models_is_one_error_line(lnmm32: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:
+    other = _quickgelu(tmp_path / "qg.onnx")
+    out = cli("diff", str(lnmm32), str(other), *DIMS)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith(f"error: {other} has 1 input(s) (X) and {lnmm32} 5 (X, scale, bias, weights, bias2):")
+
+
+# -- precision: --missing, the samples' wording -------------------------------------------------------------
+
+
+def test_precision_missing_ort_and_samples(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    path = _quickgelu(tmp_path / "qg.onnx")
+    out = cli("precision", str(path), "--dim", "a=2")
+    assert out.returncode == 2 and out.stderr.startswith("error: no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead:")
+    out = cli("precision", str(path), "--dim", "a=2", "--missing", "ort", "--samples", "2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == f"{path}: 2 samples (seeds 0 and 1), dims {{'a': 2}}; ops without a torch kernel on onnxruntime"
+
+
+# -- names from a model file never reach the terminal raw (issue 29 item 5) ---------------------------------
+
+
+def test_names_from_a_model_file_are_escaped_in_errors(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    name = "x\x1b]0;pwned\x07\x1b[2J"
+    path = _quickgelu(tmp_path / "evil.onnx", name=name)
+    for argv in (["compare", str(path)], ["precision", str(path)], ["blame", str(path)], ["compare", str(path), "--dim", "a=2", "--input-range", "nope=0:1"]):
+        out = cli(*argv)
+        assert out.returncode == 2 and "\x1b" not in out.stderr and "\x07" not in out.stderr, (argv, out.stderr)
+        assert out.stderr.count("\n") == 1
+    assert "its inputs: x\\x1b]0;pwned\\x07\\x1b[2J" in cli("compare", str(path), "--dim", "a=2", "--input-range", "nope=0:1").stderr
+
+
+# -- .npz feeds from someone else (issue 29 item 8) ------------------------------------------------------------
+
+
+def _npy_header(shape: tuple[int, ...], dtype: str = "<f4") -> bytes:
+    header = f"{{'descr': '{dtype}', 'fortran_order': False, 'shape': {shape!r}, }}".encode()
+    header += b" " * (63 - (len(header) + 10) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+
+
+def test_npz_member_claiming_1e13_elements_is_one_error_line(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    path = _quickgelu(tmp_path / "qg.onnx")
+    for member in ("junk", "X"):
+        npz = tmp_path / f"{member}.npz"
+        with zipfile.ZipFile(npz, "w") as z:
+            if member == "junk":  # (an input as it should be, and a member claiming 40 TB beside it)
+                z.writestr("X.npy", _npy_header((2, 4)) + np.zeros((2, 4), np.float32).tobytes())
+            z.writestr(f"{member}.npy", _npy_header((10**13,)))
+        assert npz.stat().st_size < 600
+        out = cli("compare", str(path), "--missing", "ort", "--feeds", str(npz))
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        if member == "junk":
+            assert out.stderr == f"error: --feeds {npz}: 'junk' is not an input of the model; its inputs: X: float32[a, 4]\n"
+        else:
+            assert out.stderr == (
+                f"error: --feeds {npz}: 'X' claims shape (10000000000000,) of float32: 40,000,000,000,000 bytes, "
+                "more than --feeds reads (2,147,483,648 bytes a member)\n"
+            )
+
+
+def test_npz_with_an_unused_deflated_member_is_refused_before_inflating(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """A 1 MB file with an unused 1 GiB member took 1.26 GiB before the tool said the member is not an input:
+    here 64 MiB, and the refusal costs under 4 MiB."""
+    path = _quickgelu(tmp_path / "qg.onnx")
+    npz = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(npz, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("X.npy", _npy_header((2, 4)) + np.ones((2, 4), np.float32).tobytes())
+        with z.open("unused.npy", "w", force_zip64=True) as f:
+            f.write(_npy_header((16 * 2**20,)))
+            for _ in range(64):
+                f.write(bytes(2**20))
+    assert npz.stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        out = cli("compare", str(path), "--missing", "ort", "--feeds", str(npz))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out.returncode == 2 and out.stderr == f"error: --feeds {npz}: 'unused' is not an input of the model; its inputs: X: float32[a, 4]\n"
+    assert peak < 4 * 2**20, peak
