@@ -914,7 +914,9 @@ def compare_executions(
     substitution cost grows with how unlike two values are (kind, dtype, shape, op type, name,
     fingerprint) and a gap costs as much as a fully unlike pair; matched pairs are then compared element
     by element (a's value expected), judged by `tolerance` (a Tolerance, a dict of its arguments or an
-    (atol, rtol) pair; default: the dtype's defaults) resolved for the narrower dtype of each pair.
+    (atol, rtol) pair; default: the dtype's defaults) resolved for the narrower dtype of each pair, and of
+    a model's compute dtype when it computes in float16 behind float32 inputs and outputs
+    (`model_io.compute_dtype`: its float32 values are float16 ones cast up).
 
     `feeds`: a dict by input name (matched by position for a model whose input names differ) or a list in
     input order; floating feeds are cast to each model's input dtype. `runtime="ort"` runs onnxruntime on
@@ -936,7 +938,9 @@ def compare_executions(
     common = {"runtime": runtime, "provider": provider, "constants": constants, "chunk_bytes": chunk_bytes}
     ex_a = _execution(model_a, feeds, label=labels[0], session_options=session_options_a, **common)  # type: ignore[arg-type]
     ex_b = _execution(model_b, feeds, label=labels[1], session_options=session_options_b, **common)  # type: ignore[arg-type]
-    return _compare(ex_a, ex_b, _as_tolerance(tolerance), chunk_bytes, band)
+    # a float16 model behind float32 I/O: its float32 values are float16 ones cast up, judged as float16
+    floor = compute_dtype(ex_b.model) or compute_dtype(ex_a.model)
+    return _compare(ex_a, ex_b, _as_tolerance(tolerance), chunk_bytes, band, floor=floor)
 
 
 @dataclass

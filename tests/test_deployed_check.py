@@ -227,3 +227,14 @@ def test_the_precision_command_names_an_op_without_a_kernel_in_one_line(monkeypa
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("error: no torch kernel for com.microsoft::Foo (opset 1); run it with onnxruntime instead")
     assert result.stderr.strip().endswith("(or --missing=ort)")
+
+
+def test_compare_executions_judges_a_float16_conversion_behind_float32_io_as_float16(deployed: Deployed) -> None:
+    """The command line's `diff` aligns with compare_executions: a keep_io_types=True conversion's float32
+    output (float16 values cast up) is within float16's tolerance of the float32 export's, not beyond float32's."""
+    from pytest_ortdiff.align import compare_executions
+
+    parent, fp16 = deployed("bert-torchscript"), deployed("bert-torchscript-opt-fp16")
+    alignment = compare_executions(parent, fp16, transformer_feeds(fp16))
+    out = next(r for r in alignment.pairs if r.b is not None and r.b.name == "last_hidden_state")
+    assert out.status == "~" and "judged as float16, b's compute dtype" in out.note and alignment.divergence is None
