@@ -362,7 +362,11 @@ def ran_environment(f: ResultsFile) -> Environment:
     env = f.environment
     if env.empty:
         return env
-    cases = [(r.provider, r.dtype) for r in f.results] + [(t.provider, t.dtype) for t in f.tests] + [(k.provider, k.dtype) for k in f.skips]
+    # the cases that ran; a job that skipped its CUDA cases (no GPU) ran CPU only, and is labelled so (its
+    # CPU's model is not a GPU's name); a job that skipped everything is labelled by what it skipped
+    ran = [(r.provider, r.dtype) for r in f.results] + [(t.provider, t.dtype) for t in f.tests if t.outcome != "skipped"]
+    skipped = [(t.provider, t.dtype) for t in f.tests if t.outcome == "skipped"] + [(k.provider, k.dtype) for k in f.skips]
+    cases = ran if any(p for p, _ in ran) else ran + skipped
     providers = tuple(dict.fromkeys(p for p, _ in cases if p))
     dtypes = tuple(dict.fromkeys(d for _, d in cases if d))
     return replace(env, providers=providers or env.providers, dtypes=dtypes or env.dtypes)

@@ -40,9 +40,9 @@ def lnmm16(tmp_path: Path) -> Path:
     return path
 
 
-def _quickgelu(path: Path, name: str = "X") -> Path:
-    """X[a, 4] -> com.microsoft::QuickGelu -> Y: an op the torch evaluator has no kernel for."""
-    node = helper.make_node("QuickGelu", [name], ["Y"], domain="com.microsoft", alpha=1.702)
+def _no_kernel(path: Path, name: str = "X") -> Path:
+    """X[a, 4] -> com.microsoft::Trilu -> Y: an op onnxruntime has and the torch evaluator has no kernel for."""
+    node = helper.make_node("Trilu", [name], ["Y"], domain="com.microsoft", upper=1)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["a", 4])], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["a", 4])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]), str(path))
     return path
@@ -136,7 +136,7 @@ def test_compare_json_has_a_stable_schema(lnmm32: Path, cli: Callable[..., Any])
     data = json.loads(out.stdout)  # the whole stdout is one JSON document
     assert list(data) == [
         "schema", "command", "model", "provider", "dtype", "converted_from", "dims", "seed", "feeds", "input_ranges",
-        "ort_kernels", "missing", "tolerance", "passed", "violations", "ran_on_ort", "report",
+        "ort_kernels", "missing", "tolerance", "passed", "violations", "ran_on_ort", "notes", "report",
     ]  # fmt: skip
     assert (data["schema"], data["command"], data["model"], data["provider"], data["dtype"]) == (1, "compare", str(lnmm32), "CPU", "float32")
     assert (data["converted_from"], data["dims"], data["seed"], data["feeds"], data["missing"]) == (None, {"a": 2, "b": 8, "c": 16}, 0, None, "error")
@@ -196,11 +196,11 @@ def test_blame_json(lnmm16: Path, cli: Callable[..., Any]) -> None:
 
 
 def test_blame_missing_ort_and_ort_kernel(tmp_path: Path, cli: Callable[..., Any]) -> None:
-    path = _quickgelu(tmp_path / "qg.onnx")
+    path = _no_kernel(tmp_path / "qg.onnx")
     out = cli("blame", str(path), "--dim", "a=2")
     assert out.returncode == 2
-    assert out.stderr.startswith("error: no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead: --ort-kernel com.microsoft::QuickGelu (or --missing=ort)")
-    for flags in (["--missing", "ort"], ["--ort-kernel", "com.microsoft::QuickGelu"]):
+    assert out.stderr.startswith("error: no torch kernel for com.microsoft::Trilu (opset 1); run it with onnxruntime instead: --ort-kernel com.microsoft::Trilu (or --missing=ort)")
+    for flags in (["--missing", "ort"], ["--ort-kernel", "com.microsoft::Trilu"]):
         out = cli("blame", str(path), "--dim", "a=2", *flags)
         assert out.returncode == 0, out.stderr
         assert "no discrepancy: nothing to blame" in out.stdout
@@ -254,7 +254,7 @@ def test_diff_of_a_model_with_itself_is_exact(lnmm32: Path, cli: Callable[..., A
 
 
 def test_diff_of_two_unrelated_models_is_one_error_line(lnmm32: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:
-    other = _quickgelu(tmp_path / "qg.onnx")
+    other = _no_kernel(tmp_path / "qg.onnx")
     out = cli("diff", str(lnmm32), str(other), *DIMS)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith(f"error: {other} has 1 input(s) (X) and {lnmm32} 5 (X, scale, bias, weights, bias2):")
@@ -264,9 +264,9 @@ def test_diff_of_two_unrelated_models_is_one_error_line(lnmm32: Path, tmp_path: 
 
 
 def test_precision_missing_ort_and_samples(tmp_path: Path, cli: Callable[..., Any]) -> None:
-    path = _quickgelu(tmp_path / "qg.onnx")
+    path = _no_kernel(tmp_path / "qg.onnx")
     out = cli("precision", str(path), "--dim", "a=2")
-    assert out.returncode == 2 and out.stderr.startswith("error: no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead:")
+    assert out.returncode == 2 and out.stderr.startswith("error: no torch kernel for com.microsoft::Trilu (opset 1); run it with onnxruntime instead:")
     out = cli("precision", str(path), "--dim", "a=2", "--missing", "ort", "--samples", "2")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == f"{path}: 2 samples (seeds 0 and 1), dims {{'a': 2}}; ops without a torch kernel on onnxruntime"
@@ -277,7 +277,7 @@ def test_precision_missing_ort_and_samples(tmp_path: Path, cli: Callable[..., An
 
 def test_names_from_a_model_file_are_escaped_in_errors(tmp_path: Path, cli: Callable[..., Any]) -> None:
     name = "x\x1b]0;pwned\x07\x1b[2J"
-    path = _quickgelu(tmp_path / "evil.onnx", name=name)
+    path = _no_kernel(tmp_path / "evil.onnx", name=name)
     for argv in (["compare", str(path)], ["precision", str(path)], ["blame", str(path)], ["compare", str(path), "--dim", "a=2", "--input-range", "nope=0:1"]):
         out = cli(*argv)
         assert out.returncode == 2 and "\x1b" not in out.stderr and "\x07" not in out.stderr, (argv, out.stderr)
@@ -295,7 +295,7 @@ def _npy_header(shape: tuple[int, ...], dtype: str = "<f4") -> bytes:
 
 
 def test_npz_member_claiming_1e13_elements_is_one_error_line(tmp_path: Path, cli: Callable[..., Any]) -> None:
-    path = _quickgelu(tmp_path / "qg.onnx")
+    path = _no_kernel(tmp_path / "qg.onnx")
     for member in ("junk", "X"):
         npz = tmp_path / f"{member}.npz"
         with zipfile.ZipFile(npz, "w") as z:
@@ -317,7 +317,7 @@ def test_npz_member_claiming_1e13_elements_is_one_error_line(tmp_path: Path, cli
 def test_npz_with_an_unused_deflated_member_is_refused_before_inflating(tmp_path: Path, cli: Callable[..., Any]) -> None:
     """A 1 MB file with an unused 1 GiB member took 1.26 GiB before the tool said the member is not an input:
     here 64 MiB, and the refusal costs under 4 MiB."""
-    path = _quickgelu(tmp_path / "qg.onnx")
+    path = _no_kernel(tmp_path / "qg.onnx")
     npz = tmp_path / "bomb.npz"
     with zipfile.ZipFile(npz, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("X.npy", _npy_header((2, 4)) + np.ones((2, 4), np.float32).tobytes())

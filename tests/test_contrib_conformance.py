@@ -3,17 +3,24 @@ matches onnxruntime within its ULPs (16-bit: within onnxruntime's own rounding),
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from pytest_ortdiff.contrib_cases import ContribCase, all_cases, run_case
+from pytest_ortdiff.contrib_cases import ContribCase, ContribResult, all_cases, run_case
 
 _CASES = all_cases()
+_BY_NAME = {c.name: c for c in _CASES}
+
+@functools.cache
+def _result(name: str, provider: str) -> ContribResult:
+    return run_case(_BY_NAME[name], provider)
 
 
 @pytest.mark.parametrize("case", _CASES, ids=[c.name for c in _CASES])
 def test_contrib_case_matches_onnxruntime(case: ContribCase) -> None:
     for provider in case.providers:
-        r = run_case(case, provider)
+        r = _result(case.name, provider)
         if r.status == "no onnxruntime" and provider != "CPU":
             continue  # a CUDA-only op without CUDA: checked on a GPU
         assert r.status in ("pass", "departs"), f"{case.name} on {provider}: {r.status}: {r.detail}"
@@ -83,3 +90,4 @@ def test_runner_says_wrong_when_ours_differs() -> None:
     assert r.status == "wrong" and r.ulp is not None and r.ulp > 1000, r
     assert "floored ulp from onnxruntime (allowed 4)" in r.detail
     assert run_case(_case("Softsign", "float32")).status == "pass"
+

@@ -246,6 +246,22 @@ def test_job_labels_and_the_environment_round_trip() -> None:
     assert job_labels([cpu, cpu, ResultsFile()], ["a", "b", "c"]) == ["CPU float32 · ort 1.32.0 (a)", "CPU float32 · ort 1.32.0 (b)", "c"]
 
 
+def test_a_job_that_skipped_its_cuda_cases_is_labelled_by_what_ran() -> None:
+    """A CPU machine running --ort-providers=CPU,CUDA with --ort-skip-unavailable skips its CUDA cases: its
+    label names CPU only, and never shows the CPU's model as if it were a GPU."""
+    from pytest_ortdiff.matrix import ran_environment
+    from pytest_ortdiff.results import TestOutcome
+
+    env = Environment(onnxruntime="1.32.0", device="AMD EPYC 7B13", providers=("CPU", "CUDA"), dtypes=("float32",))
+    ran = [TestOutcome("t.py::test_x[CPU-float32]", "passed", "CPU", "float32")]
+    skipped = [TestOutcome("t.py::test_x[CUDA-float32]", "skipped", "CUDA", "float32")]
+    job = ResultsFile(environment=env, tests=tuple(ran + skipped))
+    assert ran_environment(job).providers == ("CPU",)
+    assert job_labels([job]) == ["CPU float32 · ort 1.32.0"]
+    only_skips = ResultsFile(environment=env, tests=tuple(skipped))
+    assert job_labels([only_skips]) == ["CUDA float32 · AMD EPYC 7B13 · ort 1.32.0"]  # (what it was asked to run)
+
+
 def test_baseline_rows_carry_drift_and_read_old_rows() -> None:
     row = BaselineRow("out", "drift", "b/out.npz", False, "t.py::a[CPU-float32]", 0.0039, (("onnxruntime", "1.31.0", "1.32.0"),), "drifted")
     assert BaselineRow.from_dict(json.loads(json.dumps(row.to_dict()))) == row
