@@ -16,6 +16,7 @@ import onnx
 import onnx.helper
 import torch
 
+from .check import CheckFailed, row_for
 from .diff import DEFAULT_THRESHOLDS, DiffReport, compare
 from .dtypes import dtype_of
 from .formatting import g, table
@@ -28,11 +29,13 @@ from .model_io import (
     load_model,
     model_path,
 )
+from .results import CheckRow
 from .tolerance import Tolerance, Violation
 
 __all__ = [
     "LEVELS",
     "Alignment",
+    "DeploymentMoved",
     "DeploymentReport",
     "FusedNode",
     "LevelChange",
@@ -762,7 +765,7 @@ def _anchored_order(a: Sequence[Value], b: Sequence[Value]) -> list[int]:
 
 
 def _as_tolerance(tolerance: Any) -> Tolerance:
-    from .check import _as_tolerance as resolve
+    from .check import _as_tolerance as resolve  # (private there: the one parser of tolerance=)
 
     return resolve(tolerance)
 
@@ -1333,6 +1336,11 @@ def check_optimization(
 # check_deployment
 
 
+class DeploymentMoved(CheckFailed):
+    """A deployed model's outputs moved beyond the tolerance from those of the model it was made from
+    (`result`: the DeploymentReport, its first divergence named); `check_deployment(..., raise_on_failure=True)`."""
+
+
 @dataclass(frozen=True)
 class DeploymentReport:
     """Did a deployment step move the numbers: `deployed` (the optimized, float16, quantized, int4 file) against
@@ -1402,6 +1410,12 @@ class DeploymentReport:
             lines.append("(not aligned: pass align=True to see the graphs side by side)")
         return "\n".join(lines)
 
+    def row(self, dtype: str | None = None) -> CheckRow:
+        """The summary row of this check (`dtype`: the case's, the matrix's column; default the one judged in);
+        a failure's worst line is its first divergence."""
+        where = self.divergence_line() if not self.passed else None
+        return row_for(self.outputs, self.tolerance, self.passed, provider=self.provider, dtype=dtype or self.dtype, suffix=" [deployment]", worst=where)
+
     def to_dict(self) -> dict[str, Any]:
         row = self.divergence
         return {
@@ -1460,6 +1474,7 @@ def check_deployment(
     align: bool | None = None,
     labels: tuple[str, str] | None = None,
     chunk_mb: float = 64.0,
+    raise_on_failure: bool = False,
 ) -> DeploymentReport:
     """Did a deployment step move the numbers? `deployed` (onnxruntime's optimizer, the float16 converter,
     quantize_dynamic / QDQ, MatMulNBits int4, onnxruntime-genai's builder applied to `original`) against
@@ -1479,7 +1494,8 @@ def check_deployment(
     key/values: each model takes its own; `models.transformer_feeds(deployed)` gives them) or a list in input
     order; floating feeds are cast to each model's input dtype. `runtime`, `session_options` (both sides; the
     graphs as written by default), `chunk_mb`: as for `compare_executions`. Returns a `DeploymentReport`
-    (`.passed`, `.divergence`, `.render()`); the fixture's and the Checker's `check_deployment` fail on it.
+    (`.passed`, `.divergence`, `.render()`, `.row()`); `raise_on_failure=True` raises DeploymentMoved
+    carrying it instead when the outputs moved; the `ortdiff` fixture's `check_deployment` fails the test.
     """
     if runtime not in ("ort", "torch"):
         raise ValueError(f"runtime={runtime!r}; valid: 'ort' (onnxruntime) or 'torch' (the torch evaluator)")
@@ -1517,7 +1533,10 @@ def check_deployment(
     alignment = None
     if align or (align is None and violations):
         alignment = _compare(ex_a, ex_b, tol_spec, chunk_bytes, None, floor=compute)
-    return DeploymentReport(
+    result = DeploymentReport(
         original=lab[0], deployed=lab[1], provider=ex_a.provider, runtime=runtime, dtype=judged, tolerance=tol, outputs=report,
         violations=violations, alignment=alignment, compute_dtype=compute, notes=tuple(notes),
     )
+    if raise_on_failure and not result.passed:
+        raise DeploymentMoved(result.render(), result)
+    return result

@@ -23,7 +23,6 @@ from .tolerance import Tolerance, Violation
 if TYPE_CHECKING:
     import torch
 
-    from .align import DeploymentReport
     from .baseline import BaselineOutcome
     from .blame import BlameTable
     from .diff import DiffReport
@@ -38,7 +37,6 @@ __all__ = [
     "CheckFailed",
     "CheckResult",
     "Checker",
-    "DeploymentMoved",
     "Judgement",
     "MissingKernel",
     "NotReproducible",
@@ -88,11 +86,6 @@ class NothingCompared(ToleranceBroken):
 class BaselineFailed(CheckFailed):
     """Outputs drifted from their stored baseline, or the baseline is missing or corrupted (`result`: the
     baseline.BaselineOutcome)."""
-
-
-class DeploymentMoved(CheckFailed):
-    """A deployed model's outputs moved beyond the tolerance from those of the model it was made from
-    (`result`: the align.DeploymentReport, its first divergence named)."""
 
 
 class NotReproducible(CheckFailed):
@@ -357,6 +350,12 @@ class Checker:
     @property
     def torch_dtype(self) -> torch.dtype:
         return dtype_of(self.dtype).torch
+
+    @property
+    def tolerance_spec(self) -> Tolerance:
+        """The tolerance as given (per-dtype rules and defaults unresolved): what a check resolves for the dtype
+        it judges in (a float16 model behind float32 I/O in a float32 case: float16)."""
+        return self._tolerance_spec
 
     def tolerance_for(self, tolerance: ToleranceLike = None, *, dtype: str | None = None) -> Tolerance:
         """`tolerance` resolved for this dtype (or `dtype`); this checker's own when None."""
@@ -643,36 +642,6 @@ class Checker:
         if not report.reproducible:
             raise NotReproducible(report.render(), report)
         return report
-
-    def check_deployment(
-        self,
-        original: Any,
-        deployed: Any,
-        feeds: Any,
-        *,
-        tolerance: ToleranceLike = None,
-        runtime: Literal["ort", "torch"] = "ort",
-        session_options: Mapping[str, Any] | None = None,
-        align: bool | None = None,
-    ) -> DeploymentReport:
-        """Did a deployment step move the numbers: `deployed` (optimized, float16, quantized, int4, genai) against
-        `original` on this provider, output to output, judged by `tolerance` (default: this checker's) in the
-        narrower dtype of the two (a float16 model behind float32 I/O: float16), and when they moved, the two
-        graphs aligned node to node with the first divergence named (`align.check_deployment`). Returns the
-        `align.DeploymentReport`, or raises DeploymentMoved carrying it."""
-        __tracebackhide__ = True  # pytest shows the caller's line, not ours
-        from .align import check_deployment
-
-        spec = self._tolerance_spec if tolerance is None else _as_tolerance(tolerance)
-        report = check_deployment(original, deployed, feeds, provider=self.provider, tolerance=spec, runtime=runtime, session_options=session_options, align=align)
-        if not report.passed:
-            raise DeploymentMoved(report.render(), report)
-        return report
-
-    def deployment_row(self, report: DeploymentReport) -> CheckRow:
-        """The summary row of a deployment check: its outputs' report; a failure's worst line is its first divergence."""
-        where = report.divergence_line() if not report.passed else None
-        return row_for(report.outputs, report.tolerance, report.passed, provider=self.provider, dtype=self.dtype, suffix=" [deployment]", worst=where)
 
     def reproducible_row(self, report: ReproducibilityReport) -> CheckRow:
         """The summary row of a reproducibility check: its worst variation, judged bitwise."""

@@ -516,18 +516,17 @@ class OrtDiff:
         two graphs side by side around it (`align.check_deployment`). `feeds`: the deployed model's
         (`models.transformer_feeds`), each model taking its own inputs. Returns the `align.DeploymentReport`."""
         __tracebackhide__ = True
-        from .check import DeploymentMoved
+        from .align import check_deployment
 
+        spec = self.checker.tolerance_spec if tolerance is None else tolerance  # (resolved for the dtype judged in)
         try:
-            report = self.checker.check_deployment(original, deployed, feeds, tolerance=tolerance, runtime=runtime, session_options=session_options, align=align)
-        except DeploymentMoved as exc:
-            self.reports.append(exc.result.outputs)
-            self._record(self.checker.deployment_row(exc.result))
-            raise OrtDiffFailure(str(exc), exc.result) from None
+            report = check_deployment(original, deployed, feeds, provider=self.provider, tolerance=spec, runtime=runtime, session_options=session_options, align=align)
         except Exception as exc:
             self._raise(exc, "ortdiff.check_deployment(original, deployed, feeds)")
         self.reports.append(report.outputs)
-        self._record(self.checker.deployment_row(report))
+        self._record(report.row(self.dtype))
+        if not report.passed:
+            raise OrtDiffFailure(report.render(), report)
         return report
 
     # -- results -> summary rows, skips, failures ---------------------------------------------------

@@ -78,12 +78,12 @@ def test_an_int4_model_against_its_float32_parent_names_matmulnbits_the_first_di
     """Llama's dynamo export and its MatMulNBits int4 form (block 32, symmetric): the outputs moved, every value
     before the first quantized projection is identical, and the first divergence named is that MatMulNBits,
     by the error numpy finds between the float32 weight and the int4 blocks dequantized by hand."""
-    from pytest_ortdiff.check import DeploymentMoved
+    from pytest_ortdiff.align import DeploymentMoved, check_deployment
 
     parent, int4 = deployed("llama-dynamo"), deployed("llama-dynamo-int4")
     feeds = transformer_feeds(int4, batch=1, sequence=8)
     with pytest.raises(DeploymentMoved) as info:
-        Checker("CPU", "float32").check_deployment(parent, int4, feeds)
+        check_deployment(parent, int4, feeds, raise_on_failure=True)
     report = info.value.result
     assert not report.passed and report.dtype == "float32" and report.alignment is not None
     row = report.divergence
@@ -107,9 +107,11 @@ def test_a_float16_conversion_behind_float32_io_is_judged_as_float16_pair_by_pai
     """BERT optimized then converted keep_io_types=True: outputs within float16's tolerance of the float32
     export's; aligned, no pair diverges: the fused nodes (SkipLayerNormalization against the LayerNormalization
     it replaced) and the float32 outputs computed in float16 are judged as float16."""
+    from pytest_ortdiff.align import check_deployment
+
     parent, fp16 = deployed("bert-torchscript"), deployed("bert-torchscript-opt-fp16")
     feeds = transformer_feeds(fp16, batch=2, sequence=6)
-    report = Checker("CPU", "float32").check_deployment(parent, fp16, feeds, align=True)
+    report = check_deployment(parent, fp16, feeds, align=True)
     assert report.passed and report.dtype == "float16" and report.compute_dtype == "float16"
     a = _value(parent, "last_hidden_state", feeds)
     b = _value(fp16, "last_hidden_state", feeds)
@@ -126,7 +128,9 @@ def test_a_float16_conversion_behind_float32_io_is_judged_as_float16_pair_by_pai
 def test_the_float16_converters_saturated_mask_is_no_divergence(deployed: Deployed) -> None:
     """float32's min in an attention mask (-3.4e38) is -65504 in the float16 model: compared as float16 stores
     it, not a divergence of 3.4e38."""
-    report = Checker("CPU", "float32").check_deployment(deployed("llama-dynamo"), deployed("llama-dynamo-fp16"), transformer_feeds(deployed("llama-dynamo")), align=True)
+    from pytest_ortdiff.align import check_deployment
+
+    report = check_deployment(deployed("llama-dynamo"), deployed("llama-dynamo-fp16"), transformer_feeds(deployed("llama-dynamo")), align=True)
     assert report.passed and report.alignment is not None and report.divergence is None
     masks = [r for r in report.alignment.pairs if r.a is not None and r.a.min < -1e38]
     assert masks and all(r.status in "=~" for r in masks)
@@ -135,12 +139,12 @@ def test_the_float16_converters_saturated_mask_is_no_divergence(deployed: Deploy
 def test_a_qdq_model_diverges_first_where_a_dequantized_weight_is_read(deployed: Deployed) -> None:
     """quantize_static's QDQ BERT: the first value to move is the word embedding's Gather, reading its table
     through QuantizeLinear/DequantizeLinear (int8 weights), by the table's own int8 rounding."""
-    from pytest_ortdiff.check import DeploymentMoved
+    from pytest_ortdiff.align import DeploymentMoved, check_deployment
 
     parent, qdq = deployed("bert-torchscript"), deployed("bert-torchscript-qdq")
     feeds = transformer_feeds(qdq)
     with pytest.raises(DeploymentMoved) as info:
-        Checker("CPU", "float32").check_deployment(parent, qdq, feeds)
+        check_deployment(parent, qdq, feeds, raise_on_failure=True)
     row = info.value.result.divergence
     assert row is not None and row.b is not None and row.b.op_type == "Gather"
     model = onnx.load(str(qdq))
@@ -178,12 +182,12 @@ def test_int4_within_a_budget(ortdiff):
 def test_a_genai_int4_decoder_with_past_against_its_fp32_build_names_the_quantized_embedding(deployed: Deployed) -> None:
     """onnxruntime-genai's int4 build against its fp32 build of one checkpoint, fed a decode step (past 4): the
     first divergence is the first quantized node, the int4 embedding (GatherBlockQuantized)."""
-    from pytest_ortdiff.check import DeploymentMoved
+    from pytest_ortdiff.align import DeploymentMoved, check_deployment
 
     fp32, int4 = deployed("llama-genai-fp32"), deployed("llama-genai-int4")
     feeds = transformer_feeds(int4, sequence=1, past=4)
     with pytest.raises(DeploymentMoved) as info:
-        Checker("CPU", "float32").check_deployment(fp32, int4, feeds)
+        check_deployment(fp32, int4, feeds, raise_on_failure=True)
     row = info.value.result.divergence
     assert row is not None and row.b is not None and (row.b.domain, row.b.op_type) == ("com.microsoft", "GatherBlockQuantized")
 
