@@ -503,7 +503,7 @@ def build(name: str, cache: Path) -> Path:
     why = why_unavailable(form)
     if why:
         raise RuntimeError(why)
-    root = Path(cache) / cache_key()
+    root = Path(cache).resolve() / cache_key()  # (absolute: the tools run in their work folder)
     done = root / name / "model.onnx"
     if done.exists():
         return done
@@ -514,7 +514,8 @@ def build(name: str, cache: Path) -> Path:
         work = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=root))
         try:
             arch = ARCHS[form.arch]
-            with warnings.catch_warnings(), _quiet():
+            # (in the work folder: onnxruntime's symbolic shape inference writes sym_shape_infer_temp.onnx into the cwd)
+            with warnings.catch_warnings(), _quiet(), _cwd(work):
                 warnings.simplefilter("ignore")  # the tools' own deprecation and tracer warnings
                 if parent is None and form.source in GENAI:
                     _genai(arch, form.source, work)
@@ -539,6 +540,16 @@ def _keep_inline(path: Path) -> None:
         if p != path:
             p.unlink()
     onnx.save(m, str(path))
+
+
+@contextlib.contextmanager
+def _cwd(folder: Path) -> Iterator[None]:
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(old)
 
 
 @contextlib.contextmanager
