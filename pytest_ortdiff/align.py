@@ -16,20 +16,33 @@ import onnx
 import onnx.helper
 import torch
 
+from .check import CheckFailed, row_for
 from .diff import DEFAULT_THRESHOLDS, DiffReport, compare
 from .dtypes import dtype_of
 from .formatting import g, table
-from .model_io import CheckedModel, check_feeds, check_model, input_specs, load_model, model_path
-from .tolerance import Tolerance
+from .model_io import (
+    CheckedModel,
+    check_feeds,
+    check_model,
+    compute_dtype,
+    input_specs,
+    load_model,
+    model_path,
+)
+from .results import CheckRow
+from .tolerance import Tolerance, Violation
 
 __all__ = [
     "LEVELS",
     "Alignment",
+    "DeploymentMoved",
+    "DeploymentReport",
     "FusedNode",
     "LevelChange",
     "OptimizationReport",
     "Row",
     "Value",
+    "check_deployment",
     "check_optimization",
     "compare_executions",
     "optimized_model",
@@ -599,7 +612,9 @@ class _Features:
         # range) is close to any other near zero
         scale = np.maximum(np.abs(stats[:, 2]), np.abs(stats[:, 3]))[:, None]
         self.stats = np.arcsinh(stats / (1e-3 * scale + 1e-30)).astype(np.float32)
-        self.sample = np.array([v.sample or (0.0,) * _SAMPLES for v in values], dtype=np.float32).reshape(len(values), _SAMPLES)
+        # float64: transformer graphs hold float32's min (-3.4e38, attention masks), whose sums overflow float32
+        # (and an inf / inf cost is NaN, which the DP's integers turned into -2**63: every pairing went wrong)
+        self.sample = np.array([v.sample or (0.0,) * _SAMPLES for v in values], dtype=np.float64).reshape(len(values), _SAMPLES)
         self.sample_norm = np.abs(self.sample).sum(axis=1)
 
     def __len__(self) -> int:
@@ -750,7 +765,7 @@ def _anchored_order(a: Sequence[Value], b: Sequence[Value]) -> list[int]:
 
 
 def _as_tolerance(tolerance: Any) -> Tolerance:
-    from .check import _as_tolerance as resolve
+    from .check import _as_tolerance as resolve  # (private there: the one parser of tolerance=)
 
     return resolve(tolerance)
 
@@ -766,8 +781,26 @@ def _bits_differ(a: np.ndarray, b: np.ndarray) -> int:
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _pair(xa: np.ndarray, xb: np.ndarray, va: Value, vb: Value, tol: Tolerance) -> tuple[str, float | None, float | None, str]:
-    """(status, max abs, max rel, note) of a matched pair; a's value is the expected one."""
+def _narrower(a: str, b: str) -> str:
+    """The floating dtype of fewer bits (a's when alike)."""
+    try:
+        return b if dtype_of(b).itemsize < dtype_of(a).itemsize else a
+    except ValueError:
+        return a
+
+
+def _saturated(x: np.ndarray, narrow: str) -> np.ndarray:
+    """Finite values beyond a half type's range at its largest finite value, as a conversion to it writes
+    them (the float16 converter stores float32's -3.4e38 mask values as -65504)."""
+    top = float(torch.finfo(dtype_of(narrow).torch).max)
+    if x.dtype.kind != "f" or not np.any(np.abs(x[np.isfinite(x)]) > top):
+        return x
+    return np.where(np.isfinite(x), np.clip(x, -top, top), x).astype(x.dtype)
+
+
+def _pair(xa: np.ndarray, xb: np.ndarray, va: Value, vb: Value, tol: Tolerance, floor: str | None = None) -> tuple[str, float | None, float | None, str]:
+    """(status, max abs, max rel, note) of a matched pair; a's value is the expected one. `floor`: a dtype the
+    pair is judged in at the narrowest (b's compute dtype: its float32 values computed in float16)."""
     if xa.size != xb.size:
         return "?", None, None, f"sizes differ: {va.numel:,} vs {vb.numel:,} elements"
     note = ""
@@ -783,6 +816,15 @@ def _pair(xa: np.ndarray, xb: np.ndarray, va: Value, vb: Value, tol: Tolerance) 
         target = xa.dtype if wide == va.dtype else xb.dtype if wide == vb.dtype else np.dtype(np.int64)
         xa, xb = xa.astype(target), xb.astype(target)
         note = f"compared as {wide}"
+        if fa and fb and narrow in ("float16", "bfloat16"):
+            sa, sb = _saturated(xa, narrow), _saturated(xb, narrow)
+            if sa is not xa or sb is not xb:
+                xa, xb = sa, sb
+                note += f"; beyond {narrow}'s range as {narrow} stores it (at its largest finite value)"
+    if floor is not None and _is_float(va.dtype) and _is_float(vb.dtype) and _narrower(narrow, floor) != narrow:
+        narrow = _narrower(narrow, floor)
+        xa, xb = _saturated(xa, narrow), _saturated(xb, narrow)
+        note = "; ".join(filter(None, [note, f"judged as {narrow}, b's compute dtype"]))
     if xa.shape != xb.shape:
         xa, xb = xa.reshape(-1), xb.reshape(-1)
         note = "flattened: shapes differ" + (f"; {note}" if note else "")
@@ -875,7 +917,9 @@ def compare_executions(
     substitution cost grows with how unlike two values are (kind, dtype, shape, op type, name,
     fingerprint) and a gap costs as much as a fully unlike pair; matched pairs are then compared element
     by element (a's value expected), judged by `tolerance` (a Tolerance, a dict of its arguments or an
-    (atol, rtol) pair; default: the dtype's defaults) resolved for the narrower dtype of each pair.
+    (atol, rtol) pair; default: the dtype's defaults) resolved for the narrower dtype of each pair, and of
+    a model's compute dtype when it computes in float16 behind float32 inputs and outputs
+    (`model_io.compute_dtype`: its float32 values are float16 ones cast up).
 
     `feeds`: a dict by input name (matched by position for a model whose input names differ) or a list in
     input order; floating feeds are cast to each model's input dtype. `runtime="ort"` runs onnxruntime on
@@ -897,7 +941,9 @@ def compare_executions(
     common = {"runtime": runtime, "provider": provider, "constants": constants, "chunk_bytes": chunk_bytes}
     ex_a = _execution(model_a, feeds, label=labels[0], session_options=session_options_a, **common)  # type: ignore[arg-type]
     ex_b = _execution(model_b, feeds, label=labels[1], session_options=session_options_b, **common)  # type: ignore[arg-type]
-    return _compare(ex_a, ex_b, _as_tolerance(tolerance), chunk_bytes, band)
+    # a float16 model behind float32 I/O: its float32 values are float16 ones cast up, judged as float16
+    floor = compute_dtype(ex_b.model) or compute_dtype(ex_a.model)
+    return _compare(ex_a, ex_b, _as_tolerance(tolerance), chunk_bytes, band, floor=floor)
 
 
 @dataclass
@@ -912,7 +958,7 @@ def _observe(ex: _Execution, chunk_bytes: int) -> _Observed:
     return _Observed(ex, values, kept)
 
 
-def _compare(ex_a: _Execution | _Observed, ex_b: _Execution | _Observed, tol: Tolerance, chunk_bytes: int, band: int | None) -> Alignment:
+def _compare(ex_a: _Execution | _Observed, ex_b: _Execution | _Observed, tol: Tolerance, chunk_bytes: int, band: int | None, floor: str | None = None) -> Alignment:
     oa = ex_a if isinstance(ex_a, _Observed) else _observe(ex_a, chunk_bytes)
     ob = ex_b if isinstance(ex_b, _Observed) else _observe(ex_b, chunk_bytes)
     ids: dict[Any, int] = {}
@@ -926,7 +972,7 @@ def _compare(ex_a: _Execution | _Observed, ex_b: _Execution | _Observed, tol: To
             continue
         va, vb = oa.values[i], ob.values[j]
         if va.name in oa.kept and vb.name in ob.kept:
-            results[(i, j)] = _pair(oa.kept[va.name], ob.kept[vb.name], va, vb, tol)
+            results[(i, j)] = _pair(oa.kept[va.name], ob.kept[vb.name], va, vb, tol, floor)
         else:
             todo.append((i, j))
     # second pass: the pairs whose values were not kept, a chunk of both sides' values per run
@@ -941,7 +987,7 @@ def _compare(ex_a: _Execution | _Observed, ex_b: _Execution | _Observed, tol: To
         got_b = dict(ob.ex.fetch([ob.values[j].name for _, j in group]))
         for i, j in group:
             va, vb = oa.values[i], ob.values[j]
-            results[(i, j)] = _pair(got_a.pop(va.name), got_b.pop(vb.name), va, vb, tol)
+            results[(i, j)] = _pair(got_a.pop(va.name), got_b.pop(vb.name), va, vb, tol, floor)
         start = end
     rows = []
     for i, j in pairs:
@@ -1284,3 +1330,213 @@ def check_optimization(
     name = m.graph.name or "model"
     return OptimizationReport(name, provider, _describe(tol), tuple(changes), tuple(notes))
 
+
+
+# ------------------------------------------------------------------------------------------------
+# check_deployment
+
+
+class DeploymentMoved(CheckFailed):
+    """A deployed model's outputs moved beyond the tolerance from those of the model it was made from
+    (`result`: the DeploymentReport, its first divergence named); `check_deployment(..., raise_on_failure=True)`."""
+
+
+@dataclass(frozen=True)
+class DeploymentReport:
+    """Did a deployment step move the numbers: `deployed` (the optimized, float16, quantized, int4 file) against
+    `original` (the float32 export it was made from), output to output, and the two graphs aligned node to node
+    with the first divergence named. `dtype`: what the outputs were judged in (the narrower of the two models'
+    output dtypes and the deployed model's compute dtype: a float16 model behind float32 I/O is judged as
+    float16); `tolerance`: the rules, resolved for it."""
+
+    original: str
+    deployed: str
+    provider: str
+    runtime: str
+    dtype: str
+    tolerance: Tolerance
+    outputs: DiffReport
+    violations: tuple[Violation, ...] = ()
+    alignment: Alignment | None = None
+    compute_dtype: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+    @property
+    def divergence(self) -> Row | None:
+        """The first aligned pair beyond the tolerance (None: none, or not aligned)."""
+        return self.alignment.divergence if self.alignment is not None else None
+
+    def divergence_line(self) -> str | None:
+        """"first divergence: 'linear' (com.microsoft::MatMulNBits, node '/q_proj/MatMul_Q4') in deployed.onnx,
+        against 'linear' (MatMul) in original.onnx: max abs 0.0428"."""
+        row = self.divergence
+        if row is None or row.a is None or row.b is None:
+            return None
+        b = row.b
+        op = f"{b.domain}::{b.op_type}" if b.domain not in ("", "ai.onnx") else b.op_type
+        node = f", node {b.node!r}" if b.node and b.node != b.name else ""
+        what = f"{b.name!r} ({op}{node})" if b.kind == "result" else f"{b.kind} {b.name!r}"
+        err = f": max abs {g(row.max_abs)}" if row.max_abs is not None else ""
+        return f"first divergence: {what} in {self.deployed}, against {row.a.label} in {self.original}{err}"
+
+    def summary(self) -> str:
+        verdict = "within tolerance" if self.passed else "MOVED beyond tolerance"
+        line = f"{self.deployed} vs {self.original}: outputs {verdict} (max abs {g(self.outputs.max_abs)}, judged as {self.dtype})"
+        where = self.divergence_line()
+        return f"{line}; {where}" if where else line
+
+    def render(self, *, around: int = 4) -> str:
+        """The failure report: the headline, the rules broken, the outputs' histogram, the first divergence and
+        the side by side around it."""
+        dtype = self.dtype if self.compute_dtype is None else f"{self.dtype} (the deployed model's compute dtype)"
+        verdict = "passed" if self.passed else "outputs moved beyond tolerance"
+        lines = [
+            f"ortdiff.check_deployment: {self.deployed} vs {self.original} on {self.provider} ({'onnxruntime' if self.runtime == 'ort' else 'torch evaluator'}), "
+            f"judged as {dtype}: {verdict} ({self.tolerance.describe()})"
+        ]
+        lines += [f"  - {v}" for v in self.violations]
+        lines.append(self.outputs.render())
+        lines.extend(f"note: {n}" for n in self.notes)
+        where = self.divergence_line()
+        if where:
+            lines.append(where)
+        if self.alignment is not None:
+            lines.append(self.alignment.render(around=around))
+        elif not self.passed:
+            lines.append("(not aligned: pass align=True to see the graphs side by side)")
+        return "\n".join(lines)
+
+    def row(self, dtype: str | None = None) -> CheckRow:
+        """The summary row of this check (`dtype`: the case's, the matrix's column; default the one judged in);
+        a failure's worst line is its first divergence."""
+        where = self.divergence_line() if not self.passed else None
+        return row_for(self.outputs, self.tolerance, self.passed, provider=self.provider, dtype=dtype or self.dtype, suffix=" [deployment]", worst=where)
+
+    def to_dict(self) -> dict[str, Any]:
+        row = self.divergence
+        return {
+            "original": self.original,
+            "deployed": self.deployed,
+            "provider": self.provider,
+            "runtime": self.runtime,
+            "dtype": self.dtype,
+            "compute_dtype": self.compute_dtype,
+            "tolerance": self.tolerance.describe(),
+            "passed": self.passed,
+            "violations": [str(v) for v in self.violations],
+            "outputs": self.outputs.to_dict(),
+            "first_divergence": row.to_dict() if row is not None else None,
+            "notes": list(self.notes),
+            "alignment": self.alignment.to_dict() if self.alignment is not None else None,
+        }
+
+
+def _labels(original: Any, deployed: Any) -> tuple[str, str]:
+    """The two files' names ("model.onnx" twice: with their folders), else "original" and "deployed"."""
+    pa, pb = model_path(original), model_path(deployed)
+    a, b = (pa.name if pa else "original"), (pb.name if pb else "deployed")
+    if a == b and pa is not None and pb is not None:
+        a, b = f"{pa.parent.name}/{a}", f"{pb.parent.name}/{b}"
+    return (a, b) if a != b else (f"original {a}", f"deployed {b}")
+
+
+def _judged_dtype(arrays: Sequence[np.ndarray], compute: str | None) -> str:
+    """The narrowest floating dtype among the outputs and the compute dtype (float32 with none floating)."""
+    names = [_dtype_name(x.dtype) for x in arrays if x.dtype.kind == "f"] + ([compute] if compute else [])
+    out = names[0] if names else "float32"
+    for name in names[1:]:
+        out = _narrower(out, name)
+    return out
+
+
+def _as_judged(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A floating output wider than the dtype judged in, as that dtype stores it (saturated, rounded)."""
+    if x.dtype.kind != "f" or x.dtype.itemsize <= dtype_of(dtype).itemsize:
+        return x
+    from .runtimes.tensors import to_numpy
+
+    return to_numpy(torch.from_numpy(np.ascontiguousarray(_saturated(x, dtype))).to(dtype_of(dtype).torch))
+
+
+def check_deployment(
+    original: Any,
+    deployed: Any,
+    feeds: Any,
+    *,
+    provider: str = "CPU",
+    tolerance: Any = None,
+    runtime: AlignRuntime = "ort",
+    session_options: Mapping[str, Any] | None = None,
+    align: bool | None = None,
+    labels: tuple[str, str] | None = None,
+    chunk_mb: float = 64.0,
+    raise_on_failure: bool = False,
+) -> DeploymentReport:
+    """Did a deployment step move the numbers? `deployed` (onnxruntime's optimizer, the float16 converter,
+    quantize_dynamic / QDQ, MatMulNBits int4, onnxruntime-genai's builder applied to `original`) against
+    `original`, on the same `feeds`:
+
+    - their outputs, `original`'s as the expected ones (matched by name, else by position: two tools name them
+      differently), judged by `tolerance` (a Tolerance, a dict of its arguments or (atol, rtol); default the
+      dtype's) resolved for the narrower of the two output dtypes and the deployed model's compute dtype: a
+      float16 model behind float32 inputs and outputs (keep_io_types=True) is judged as float16;
+    - when the outputs moved beyond it (or `align=True`), the two graphs aligned node to node
+      (`compare_executions`: a fused node against the last node of the subgraph it replaced, float16 values
+      with their Casts against float32 ones, MatMulNBits against MatMul, QDQ pairs against the float graph),
+      each pair judged the same way, and the first divergence named: the deployed model's node, its op and its
+      error.
+
+    `feeds`: a dict by input name (a superset for two models whose inputs differ, e.g. a decoder's past
+    key/values: each model takes its own; `models.transformer_feeds(deployed)` gives them) or a list in input
+    order; floating feeds are cast to each model's input dtype. `runtime`, `session_options` (both sides; the
+    graphs as written by default), `chunk_mb`: as for `compare_executions`. Returns a `DeploymentReport`
+    (`.passed`, `.divergence`, `.render()`, `.row()`); `raise_on_failure=True` raises DeploymentMoved
+    carrying it instead when the outputs moved; the `ortdiff` fixture's `check_deployment` fails the test.
+    """
+    if runtime not in ("ort", "torch"):
+        raise ValueError(f"runtime={runtime!r}; valid: 'ort' (onnxruntime) or 'torch' (the torch evaluator)")
+    if not (isinstance(chunk_mb, int | float) and chunk_mb > 0):
+        raise ValueError(f"chunk_mb must be a positive number of MiB, got {chunk_mb!r}")
+    chunk_bytes = int(chunk_mb * 2**20)
+    lab = labels or _labels(original, deployed)
+    common = {"runtime": runtime, "provider": provider, "constants": False, "chunk_bytes": chunk_bytes, "session_options": session_options}
+    ex_a = _execution(original, feeds, label=lab[0], **common)  # type: ignore[arg-type]
+    ex_b = _execution(deployed, feeds, label=lab[1], **common)  # type: ignore[arg-type]
+    compute = compute_dtype(ex_b.model)
+    names_a = [o.name for o in ex_a.model.graph.output]
+    names_b = [o.name for o in ex_b.model.graph.output]
+    notes: list[str] = []
+    if all(n in names_b for n in names_a):
+        matched = [(n, n) for n in names_a]
+    else:
+        matched = list(zip(names_a, names_b, strict=False))
+        notes.append("outputs matched by position (their names differ): " + ", ".join(f"{a} ~ {b}" for a, b in matched))
+    extra = [n for n in names_b if n not in {b for _, b in matched}]
+    if extra:
+        notes.append(f"{lab[1]}'s outputs {extra} have no counterpart in {lab[0]} (not compared)")
+    out_a = dict(ex_a.fetch([a for a, _ in matched]))
+    out_b = dict(ex_b.fetch([b for _, b in matched]))
+    judged = _judged_dtype([*out_a.values(), *out_b.values()], compute)
+    tol_spec = _as_tolerance(tolerance)
+    tol = tol_spec.for_dtype(judged)
+    expected = {a: _as_judged(out_a[a], judged) for a, _ in matched}
+    got = {a: _as_judged(out_b[b], judged) for a, b in matched}
+    for a, b in matched:
+        if expected[a].shape != got[a].shape:
+            raise ValueError(f"output {a!r} of {lab[0]} is {list(expected[a].shape)} and {b!r} of {lab[1]} is {list(got[a].shape)}: not one function's outputs on these feeds")
+    report = compare(expected, got, tolerance=tol.allclose, thresholds=tuple(sorted({*DEFAULT_THRESHOLDS, *tol.thresholds})))
+    violations = tuple(tol.check(report))
+    alignment = None
+    if align or (align is None and violations):
+        alignment = _compare(ex_a, ex_b, tol_spec, chunk_bytes, None, floor=compute)
+    result = DeploymentReport(
+        original=lab[0], deployed=lab[1], provider=ex_a.provider, runtime=runtime, dtype=judged, tolerance=tol, outputs=report,
+        violations=violations, alignment=alignment, compute_dtype=compute, notes=tuple(notes),
+    )
+    if raise_on_failure and not result.passed:
+        raise DeploymentMoved(result.render(), result)
+    return result

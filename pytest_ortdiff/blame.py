@@ -1018,8 +1018,12 @@ class _Swapper:
     nodes downstream of a value that changed (bit for bit) run again. A swapped node whose inputs did not
     change takes onnxruntime's output from the one-session local run."""
 
-    def __init__(self, graph: _Graph, values: Mapping[str, Any], local: Mapping[int, tuple[Any, ...]], outputs: Sequence[str], opsets: Mapping[str, int]) -> None:
+    def __init__(
+        self, graph: _Graph, values: Mapping[str, Any], local: Mapping[int, tuple[Any, ...]], outputs: Sequence[str], opsets: Mapping[str, int], dead: Collection[int] = ()
+    ) -> None:
         self.graph, self.values, self.local, self.outputs, self.opsets = graph, values, local, list(outputs), dict(opsets)
+        # nodes no graph output depends on (the torch run computed none of their values): never run again
+        self._dead = frozenset(dead)
         self._ort: dict[bytes, OrtKernel] = {}  # one onnxruntime kernel per (op, attributes, outputs) shape of node
         # the values each node is the last to read (the graph's outputs aside): a swap drops its changed
         # values there, so that it holds the values in flight, not every value downstream of the swap (on a
@@ -1093,6 +1097,8 @@ class _Swapper:
                     continue
                 changed[o] = y
                 for j in consumers.get(o, ()):
+                    if j in self._dead:
+                        continue
                     dirty[j] = 1
                     if j > last:
                         last = j
@@ -1262,16 +1268,20 @@ def blame(
         def no_op(i: int) -> bool:
             return no_ops[i]
 
-        swapper = _Swapper(graph, torch_all, local, outputs, base.opsets)
+        # dead code (no graph output depends on it; onnxruntime-genai's builder, taking an MLP's Linear for the LM
+        # head, left a model's last MLP so): the torch run computed none of its values, and swapping it changes nothing
+        dead = {i for i, node in enumerate(graph.nodes) if all(not o or o not in torch_all for o in node.output)}
+        swapper = _Swapper(graph, torch_all, local, outputs, base.opsets, dead)
 
         def swap(indices: list[int]) -> tuple[float, float, float, float | None, float | None]:
+            indices = [i for i in indices if i not in dead]
             if any(i not in local for i in indices):
                 return substituted([keys[i] for i in indices])
             return measured(swapper.run(set(indices)))
 
         rows: list[BlameRow] = []
         scopes = [node_scope(n) for n in m.graph.node]
-        candidates = [i for i in range(len(graph.nodes)) if not no_op(i)]
+        candidates = [i for i in range(len(graph.nodes)) if not no_op(i) and i not in dead]
         # op types with several nodes get a row of their own: all of them swapped at once
         members_of: dict[str, list[int]] = {}
         for i, n in enumerate(m.graph.node):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .dtypes import dtype_of
-from .model_io import CheckedModel, check_feeds, check_model, load_model, model_path
+from .model_io import CheckedModel, check_feeds, check_model, compute_dtype, load_model, model_path
 from .providers import KNOWN, parse_provider, torch_device
 from .results import CheckRow, closer_to_oracle
 from .selection import ResidentGrowth, trim_cache
@@ -172,6 +172,18 @@ class CheckResult:
     widened: tuple[str, ...] = ()
     #: what the gate did to accept the model (CheckedModel.notes), one short line each
     notes: tuple[str, ...] = ()
+    #: why the blame table asked for is not there (blame itself failed): the report comes all the same
+    blame_error: str | None = None
+    #: the dtype the outputs were judged in when not the case's: the half type a model computes in behind
+    #: float32 inputs and outputs (onnxruntime's float16 converter's keep_io_types=True)
+    judged_dtype: str | None = None
+
+    @property
+    def dtype_label(self) -> str:
+        """"float16" or, judged in the model's compute dtype, "float16 (float32 inputs and outputs)"."""
+        if self.judged_dtype is None or self.judged_dtype == self.dtype:
+            return self.dtype
+        return f"{self.judged_dtype} (its compute dtype, behind {self.dtype} inputs and outputs)"
 
     @property
     def passed(self) -> bool:
@@ -208,14 +220,14 @@ class CheckResult:
             if j.passed:
                 continue
             if not j.report.n:  # (a histogram of nothing would only look like a pass)
-                lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype}: compared 0 elements, not a pass")
+                lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype_label}: compared 0 elements, not a pass")
                 lines += [f"  - {v}" for v in j.violations]
                 continue
-            lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype}: tolerance broken ({self.tolerance.describe()})")
+            lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype_label}: tolerance broken ({self.tolerance.describe()})")
             lines += [f"  - {v}" for v in j.violations]
             lines.append(j.report.render())
         if not lines:
-            lines.append(f"ortdiff: {self.judgements[0].title} {self.provider} {self.dtype}: passed ({self.tolerance.describe()})")
+            lines.append(f"ortdiff: {self.judgements[0].title} {self.provider} {self.dtype_label}: passed ({self.tolerance.describe()})")
             lines.append(self.report.render())
         empty = [_described(o) for o in _outputs_of(self.report) if not o.n] if self.report.n else []
         extra = [
@@ -225,6 +237,7 @@ class CheckResult:
             self.ran_on_ort_line(),
             *(f"note: {n}" for n in self.notes),
             self.blame.render() if self.blame is not None else None,
+            f"blame failed, no table: {self.blame_error}" if self.blame_error else None,
         ]
         lines += [x for x in extra if x]
         return "\n".join(lines)
@@ -323,7 +336,8 @@ class Checker:
     def __init__(self, provider: str, dtype: str, *, tolerance: ToleranceLike = None) -> None:
         self.provider = parse_provider(provider)
         self.dtype = dtype_of(dtype).short
-        self.tolerance = _as_tolerance(tolerance).for_dtype(self.dtype)
+        self._tolerance_spec = _as_tolerance(tolerance)  # (unresolved: a model computing in another dtype is judged in it)
+        self.tolerance = self._tolerance_spec.for_dtype(self.dtype)
 
     def __repr__(self) -> str:
         return f"Checker(provider={self.provider!r}, dtype={self.dtype!r}, tolerance={self.tolerance.describe()!r})"
@@ -337,11 +351,24 @@ class Checker:
     def torch_dtype(self) -> torch.dtype:
         return dtype_of(self.dtype).torch
 
-    def tolerance_for(self, tolerance: ToleranceLike = None) -> Tolerance:
-        """`tolerance` resolved for this dtype; this checker's own when None."""
+    @property
+    def tolerance_spec(self) -> Tolerance:
+        """The tolerance as given (per-dtype rules and defaults unresolved): what a check resolves for the dtype
+        it judges in (a float16 model behind float32 I/O in a float32 case: float16)."""
+        return self._tolerance_spec
+
+    def tolerance_for(self, tolerance: ToleranceLike = None, *, dtype: str | None = None) -> Tolerance:
+        """`tolerance` resolved for this dtype (or `dtype`); this checker's own when None."""
         if tolerance is None:
-            return self.tolerance
-        return _as_tolerance(tolerance).for_dtype(self.dtype)
+            return self.tolerance if dtype in (None, self.dtype) else self._tolerance_spec.for_dtype(dtype)
+        return _as_tolerance(tolerance).for_dtype(dtype or self.dtype)
+
+    def judged_dtype(self, model: Any) -> str:
+        """The dtype a check of `model` judges outputs in: this case's, or the half type the model computes in
+        behind wider inputs and outputs (`model_io.compute_dtype`: onnxruntime's float16 converter with
+        `keep_io_types=True`), whose rounding a float32 tolerance would call a failure."""
+        m = model.proto if isinstance(model, CheckedModel) else load_model(model)
+        return compute_dtype(m) or self.dtype
 
     # -- running -------------------------------------------------------------------------------
     def prepare(self, model: Any, feeds: Any) -> CheckedModel:
@@ -471,7 +498,8 @@ class Checker:
         _check_missing(missing)
         checked = self.prepare(model, feeds)
         m = checked.proto
-        _warn_other_dtype(m, self.dtype)
+        judged = self.judged_dtype(checked)
+        _warn_other_dtype(m, self.dtype, compute_dtype(m))
         names = [o.name for o in m.graph.output]
         raw = self.run_ort(checked, feeds)
         ev = self.evaluator(checked, runtime="torch", kernels=kernels, missing=missing)
@@ -479,9 +507,11 @@ class Checker:
         got, widened = _widened(raw, names)
         expected, _ = _widened(expected_raw, names)
         ran_on_ort = tuple(getattr(ev, "ops_run_by_ort", ()) or ())
-        tol = self.tolerance_for(tolerance)
+        tol = self.tolerance_for(tolerance, dtype=judged)
 
         def judge(title: str, a: Any, b: Any, suffix: str) -> Judgement:
+            if judged != self.dtype:  # (exact for both runtimes: their outputs are the half values cast up)
+                a, b = _as_dtype(a, judged), _as_dtype(b, judged)
             report = self.compare(a, b, tolerance=tol, names=names)
             violations = tuple(tol.check(report))
             if not report.n:  # every output empty: nothing was compared, which must not read as a pass
@@ -511,12 +541,17 @@ class Checker:
             model=m.graph.name,
             widened=widened,
             notes=checked.notes,
+            judged_dtype=judged if judged != self.dtype else None,
         )
         if not result.passed:
             if not result.report.n:
                 raise NothingCompared(result.render(), result)  # (no blame: there is no gap to explain)
             if blame:
-                result = replace(result, blame=self.blame(checked, feeds, kernels=kernels, missing=missing))
+                try:
+                    result = replace(result, blame=self.blame(checked, feeds, kernels=kernels, missing=missing))
+                except Exception as exc:  # the failure report is the point: a blame that fails must not hide it
+                    text = str(exc).strip()
+                    result = replace(result, blame_error=f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
             raise ToleranceBroken(result.render(), result)
         return result
 
@@ -524,10 +559,15 @@ class Checker:
     def blame(self, model: Any, feeds: Mapping[str, Any], *, kernels: Mapping[Any, Any] | None = None, missing: Missing = "error") -> BlameTable:
         """The BlameTable of `model` on this provider: each node swapped to onnxruntime in turn."""
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
+        import onnx
+
         from .blame import blame
 
         _check_missing(missing)
-        return blame(model, feeds, provider=self.provider, dtype=self.dtype, kernels=kernels, tolerance=self.tolerance, missing=missing)
+        # a float16 model behind float32 I/O drifts by float16's rounding: its drifts judged as float16 (read off a
+        # model at hand; a path is not loaded twice for it)
+        dtype = self.judged_dtype(model) if isinstance(model, CheckedModel | onnx.ModelProto) else self.dtype
+        return blame(model, feeds, provider=self.provider, dtype=dtype, kernels=kernels, tolerance=self.tolerance_for(dtype=dtype), missing=missing)
 
     def check_baseline(
         self,
@@ -722,10 +762,17 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _warn_other_dtype(m: Any, dtype: str) -> None:
-    """A case whose model has floating inputs/outputs, none of them of the case's dtype: most likely a
-    model built without dtype=ortdiff.dtype, judged under the wrong dtype's tolerance."""
-    found = set()
+def _as_dtype(values: Sequence[Any], dtype: str) -> list[Any]:
+    """Floating tensors wider than `dtype` as `dtype` (outputs of a model computing in it behind float32 I/O)."""
+    target = dtype_of(dtype).torch
+    return [v.to(target) if v.is_floating_point() and v.element_size() > target.itemsize else v for v in values]
+
+
+def _warn_other_dtype(m: Any, dtype: str, compute: str | None = None) -> None:
+    """A case whose model has floating inputs/outputs, none of them of the case's dtype (nor computes in
+    it: a float16 model behind float32 I/O is a float16 case's): most likely a model built without
+    dtype=ortdiff.dtype, judged under the wrong dtype's tolerance."""
+    found = {compute} if compute else set()
     for v in [*m.graph.input, *m.graph.output]:
         try:
             dt = dtype_of(v.type.tensor_type.elem_type)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import pytest
 
@@ -53,6 +53,8 @@ class OrtDiff:
     - `check_baseline(name, outputs)`: this run's outputs vs the stored baseline (bitwise by default).
     - `check_reproducible(model, feeds)`: repeated runs and varied threads / graph optimizations, bitwise.
     - `blame(model, feeds)`, `fuzz(build, ...)`.
+    - `check_deployment(original, deployed, feeds)`: did a deployment step (optimizer, float16, quantization,
+      int4, genai) move the numbers; the first divergence named.
     Every check adds its row to the run's summary; an op onnxruntime lacks at this dtype skips the test,
     naming the op.
     """
@@ -488,6 +490,41 @@ class OrtDiff:
         culprit = report.culprit
         where = f"{culprit.level}: {culprit.culprit.describe()}" if culprit is not None and culprit.culprit is not None else None
         self._record(row_for(worst, tol, report.passed, provider=self.provider, dtype=self.dtype, suffix=" [optimization]", worst=where))
+        if not report.passed:
+            raise OrtDiffFailure(report.render(), report)
+        return report
+
+    if TYPE_CHECKING:
+        from .align import DeploymentReport
+
+    def check_deployment(
+        self,
+        original: Any,
+        deployed: Any,
+        feeds: Any,
+        *,
+        tolerance: ToleranceLike = None,
+        runtime: Literal["ort", "torch"] = "ort",
+        session_options: Mapping[str, Any] | None = None,
+        align: bool | None = None,
+    ) -> DeploymentReport:
+        """Did my deployment step move the numbers? `deployed` (the file onnxruntime's optimizer, float16 converter,
+        quantizers or onnxruntime-genai's builder made from `original`) against `original` on this provider, output
+        to output, judged by `tolerance` (default: this test's) in the narrower dtype of the two (a float16 model
+        behind float32 I/O: float16). Fails the test with the report when the outputs moved beyond it: the
+        histogram, the first divergence named (the deployed model's node, e.g. MatMulNBits, and its error) and the
+        two graphs side by side around it (`align.check_deployment`). `feeds`: the deployed model's
+        (`models.transformer_feeds`), each model taking its own inputs. Returns the `align.DeploymentReport`."""
+        __tracebackhide__ = True
+        from .align import check_deployment
+
+        spec = self.checker.tolerance_spec if tolerance is None else tolerance  # (resolved for the dtype judged in)
+        try:
+            report = check_deployment(original, deployed, feeds, provider=self.provider, tolerance=spec, runtime=runtime, session_options=session_options, align=align)
+        except Exception as exc:
+            self._raise(exc, "ortdiff.check_deployment(original, deployed, feeds)")
+        self.reports.append(report.outputs)
+        self._record(report.row(self.dtype))
         if not report.passed:
             raise OrtDiffFailure(report.render(), report)
         return report

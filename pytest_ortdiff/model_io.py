@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ __all__ = [
     "check_feed_names",
     "check_feeds",
     "check_model",
+    "compute_dtype",
     "exposed_for_ort",
     "feed_dims",
     "has_subgraph",
@@ -905,3 +907,50 @@ def feed_dims(specs: Mapping[str, InputSpec], feeds: Mapping[str, Any]) -> dict[
                 raise ValueError(f"feed {name!r} has {d}={s} (axis {axis}), but feed {other!r} has {d}={size} (axis {other_axis}); the model declares both {d}")
             sizes.setdefault(d, (s, name, axis))
     return {d: v[0] for d, v in sizes.items()}
+
+
+# -- the dtype a graph computes in ---------------------------------------------------------------------
+
+# onnx's TensorProto codes (this module does not import onnx at import time)
+_HALF_TYPES = {DType.FLOAT16.value: "float16", DType.BFLOAT16.value: "bfloat16"}
+_FLOAT_TYPES = {DType.FLOAT32.value: "float32", DType.FLOAT64.value: "float64", **_HALF_TYPES}
+
+
+def compute_dtype(model: onnx.ModelProto) -> str | None:
+    """The half-precision dtype ("float16", "bfloat16") `model` computes in behind wider floating inputs and
+    outputs, None when it computes in its I/O's dtype: what onnxruntime's float16 converter writes with
+    `keep_io_types=True` (its default), a Cast to float16 after each input and back to float32 before each
+    output. Read off the graph: most of its floating weights' elements (initializers and Constants) are of
+    that half type, or, with no floating weights, every floating input is cast to it first."""
+    graph = model.graph
+    io = {_FLOAT_TYPES.get(v.type.tensor_type.elem_type) for v in [*graph.input, *graph.output]} - {None}
+    if not io:
+        return None
+    weights: dict[str, int] = {}
+
+    def count(t: onnx.TensorProto) -> None:
+        name = _FLOAT_TYPES.get(t.data_type)
+        if name is not None:
+            weights[name] = weights.get(name, 0) + max(1, math.prod(t.dims))
+
+    init = {i.name for i in graph.initializer}
+    for t in graph.initializer:
+        count(t)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.name == "value":
+                    count(a.t)
+    if weights:
+        top = max(weights, key=lambda k: weights[k])
+        return top if top in _HALF_TYPES.values() and top not in io else None
+    # no floating weights: every floating input goes through a Cast to one half type
+    floating = [v.name for v in graph.input if v.name not in init and v.type.tensor_type.elem_type in _FLOAT_TYPES]
+    targets: set[str | None] = set()
+    for name in floating:
+        readers = [n for n in graph.node if name in n.input]
+        if not readers or any(n.op_type != "Cast" for n in readers):
+            return None
+        targets |= {_HALF_TYPES.get(next((a.i for a in n.attribute if a.name == "to"), 0)) for n in readers}
+    half = targets.pop() if len(targets) == 1 else None
+    return half if half is not None and half not in io else None

@@ -152,6 +152,28 @@ def xdist_args() -> list[str]:
 
 
 
+# -- the deployed-model corpus (tests/deployed_models.py) --------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def deployed(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`deployed("llama-genai-int4")`: the file of one form of the deployed-model corpus, built on first use
+    and cached in pytest's cache (keyed by the tools' versions; shared by xdist workers); skips the test
+    when a tool the form needs is not installed (transformers, onnxruntime-genai)."""
+    import deployed_models
+
+    cache = getattr(pytestconfig, "cache", None)
+    root = cache.mkdir("ortdiff-deployed") if cache is not None else tmp_path_factory.mktemp("ortdiff-deployed")
+
+    def build(name: str) -> Path:
+        why = deployed_models.why_unavailable(deployed_models.FORMS[name])
+        if why:
+            pytest.skip(why)
+        return deployed_models.build(name, root)
+
+    return build
+
+
 # -- faults ------------------------------------------------------------------------------------------
 
 

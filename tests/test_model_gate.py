@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from deployed_models import ARCHITECTURES, deployed, feeds_for
 from onnx import TensorProto, helper
+from optimized_models import ARCHITECTURES, deployed, feeds_for
 
 from pytest_ortdiff import Checker, TorchEvaluator, blame, model_io
 from pytest_ortdiff.contrib_cases._onenode import one_node, randn

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .feeds import random_feeds, set_feed_range
+from .feeds import random_feeds, set_feed_range, transformer_feeds
 from .hazards import FP16Hazard, fp16_hazards
 from .layer_norm import LayerNormMatMulAdd, layer_norm_matmul_add
 from .llama import LlamaAttention, LlamaDecoderLayer, llama_attention, llama_decoder_layer
@@ -26,4 +26,5 @@ __all__ = [
     "random_feeds",
     "set_feed_range",
     "torch_twin",
+    "transformer_feeds",
 ]

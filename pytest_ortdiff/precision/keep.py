@@ -378,11 +378,27 @@ def convert_half(
         node_block_list=list(keep),
         op_block_list=blocked,
     )
+    _merge_identical_nodes(out.graph)
     _drop_cast_pairs(out)
     _sort_topologically(out.graph)
     if half == "bfloat16":
         _retype_bfloat16(out, src)
     return out
+
+
+def _merge_identical_nodes(graph: onnx.GraphProto) -> None:
+    """onnxruntime 1.31's converter writes one Cast per float32 consumer of a float16 value, all the same node
+    (name, input and output): one of them is the graph 1.32's converter writes."""
+    seen: set[bytes] = set()
+    kept = []
+    for node in graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            kept.append(node)
+    if len(kept) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)
 
 
 def _sort_topologically(graph: onnx.GraphProto) -> None:

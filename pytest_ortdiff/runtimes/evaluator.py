@@ -586,6 +586,7 @@ class _ModelFacts:
         graph = model.graph
         self.opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
         _refuse_untorchable(graph, "the model's")
+        _refuse_reassigned(graph)
         self.input_types: dict[str, onnx.TypeProto.Tensor] = {}
         self.input_kinds: dict[str, onnx.TypeProto] = {}
         init_names = {i.name for i in graph.initializer}
@@ -1282,6 +1283,26 @@ def _refuse_untorchable(graph: onnx.GraphProto, where: str) -> None:
     for init in graph.initializer:
         if init.data_type == onnx.TensorProto.STRING:
             raise UnsupportedVariantError(f"{where} initializer {init.name!r} is a string tensor: torch has no string tensors, so the torch evaluator refuses it; run the model with onnxruntime (OrtRunner)")
+
+
+def _refuse_reassigned(graph: onnx.GraphProto) -> None:
+    """A value written by two nodes: ONNX assigns each value once, and onnxruntime refuses such a graph too. One
+    writer of it is known: onnxruntime 1.31's float16 converter, which writes one identical Cast per consumer."""
+    writers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for o in node.output:
+            if o:
+                writers.setdefault(o, []).append(node)
+    for value, nodes in writers.items():
+        if len(nodes) > 1:
+            names = ", ".join(f"{n.name!r} ({n.op_type})" for n in nodes)
+            hint = (
+                "onnxruntime 1.31's convert_float_to_float16 writes one such Cast per consumer: convert with onnxruntime >= 1.32, "
+                "or keep one of the identical Casts (pytest_ortdiff.precision.convert_half does)"
+                if all(n.op_type == "Cast" for n in nodes)
+                else "give each node's output its own name"
+            )
+            raise ValueError(f"value {value!r} is the output of {len(nodes)} nodes ({names}): a graph assigns each value once, and onnxruntime refuses it too; {hint}")
 
 
 def _feed_spec(declared: onnx.TypeProto.Tensor) -> tuple[onnx.TypeProto.Tensor, torch.dtype | None, tuple[int | None, ...] | None]:

@@ -244,6 +244,9 @@ def quantize(
     bounds = _INTEGER_RANGES.get(dtype)
     if bounds is None:
         raise UnsupportedVariantError(f"QuantizeLinear to {dtype}: not a quantization type of the spec")
+    # NaN saturates low, as onnxruntime's kernels give it (its int64 conversion is undefined: INT64_MIN, plus a
+    # negative zero point, wrapped round to the top of the range)
+    y = torch.where(torch.isnan(y), -torch.inf, y)
     # round in the division's type, then integers: exact for every zero point, float16's included
     q = torch.round(y).to(torch.float64).clamp_(-(2.0**40), 2.0**40).to(torch.int64)
     if zp is not None:
