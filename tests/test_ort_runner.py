@@ -423,3 +423,81 @@ def test_external_data_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
             (inner / "link.data").symlink_to(tmp_path / "elsewhere.data")
         with pytest.raises(ValueError, match=rf"'{re.escape(location)}', outside the model's directory"):
             OrtRunner(inner / "m.onnx")
+
+
+# -- dtypes DLPack (or onnxruntime's DLPack) lacks: bound without it, per tensor ----------------------
+
+
+def _bool_model() -> onnx.ModelProto:
+    """x (float) > 0 -> m, And(m, keep) -> y, Not(keep) -> z: a bool input and two bool outputs."""
+    return oh.make_model(
+        oh.make_graph(
+            [
+                oh.make_node("Greater", ["x", "zero"], ["m"]),
+                oh.make_node("And", ["m", "keep"], ["y"]),
+                oh.make_node("Not", ["keep"], ["z"]),
+            ],
+            "g",
+            [oh.make_tensor_value_info("x", TP.FLOAT, [6]), oh.make_tensor_value_info("keep", TP.BOOL, [6])],
+            [oh.make_tensor_value_info("y", TP.BOOL, [6]), oh.make_tensor_value_info("z", TP.BOOL, [6])],
+            [oh.make_tensor("zero", TP.FLOAT, [], [0.0])],
+        ),
+        opset_imports=[oh.make_opsetid("", 18)],
+        ir_version=9,
+    )
+
+
+_BOOL_FEEDS = {
+    "x": torch.tensor([-1.0, 2.0, 3.0, -4.0, 5.0, 0.0]),
+    "keep": torch.tensor([True, True, False, True, True, True]),
+}
+_BOOL_Y = [False, True, False, False, True, False]
+_BOOL_Z = [False, False, True, False, False, False]
+
+
+def test_bool_feeds_and_outputs_keep_their_dtype() -> None:
+    """onnxruntime 1.31 refuses a bool tensor through DLPack and hands bool outputs back as uint8: the
+    runner binds such a feed without DLPack and gives every output the dtype the model declares."""
+    y, z = OrtRunner(_bool_model()).run(None, _BOOL_FEEDS)
+    assert (y.dtype, z.dtype) == (torch.bool, torch.bool)
+    assert y.tolist() == _BOOL_Y and z.tolist() == _BOOL_Z
+    (y_np,) = OrtRunner(_bool_model()).run(["y"], {k: v.numpy() for k, v in _BOOL_FEEDS.items()})
+    assert y_np.dtype == torch.bool and y_np.tolist() == _BOOL_Y
+
+
+def test_a_feed_dlpack_refuses_is_bound_without_it_and_the_others_still_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per tensor, not per run: a refused bool goes through a host array, the float feed still through DLPack."""
+    real = onnxruntime.OrtValue.from_dlpack
+    seen: list[torch.dtype] = []
+
+    def refusing(t: object, *args: object, **kwargs: object) -> object:
+        seen.append(t.dtype)  # type: ignore[attr-defined]
+        if t.dtype == torch.bool:  # type: ignore[attr-defined]
+            raise RuntimeError("dlpack_converter.cc:145 GetOrtValueDataType Unsupported code 6")
+        return real(t, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime.OrtValue, "from_dlpack", staticmethod(refusing))
+    from pytest_ortdiff.runtimes import ort as ort_module
+
+    monkeypatch.setattr(ort_module, "_DLPACK_REFUSED", set())
+    runner = OrtRunner(_bool_model(), cache=False)
+    y, z = runner.run(None, _BOOL_FEEDS)
+    assert y.tolist() == _BOOL_Y and z.tolist() == _BOOL_Z
+    assert seen == [torch.float32, torch.bool]
+    seen.clear()
+    runner.run(None, _BOOL_FEEDS)  # the refusal is remembered: no second try for bool
+    assert seen == [torch.float32]
+
+
+def test_outputs_handed_back_in_another_dtype_are_given_the_declared_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime 1.31's DLPack export of a bool output is uint8: a silent change of dtype in what is compared."""
+    real = torch.from_dlpack
+
+    def as_uint8(value: object) -> torch.Tensor:
+        t = real(value)
+        return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+    monkeypatch.setattr(torch, "from_dlpack", as_uint8)
+    y, z = OrtRunner(_bool_model(), cache=False).run(None, _BOOL_FEEDS)
+    assert (y.dtype, z.dtype) == (torch.bool, torch.bool)
+    assert y.tolist() == _BOOL_Y and z.tolist() == _BOOL_Z

@@ -241,6 +241,7 @@ class OrtRunner:
             self._external_bytes = sum((folder / location).stat().st_size for location in {loc for _, loc in external})
         self._session: Any = None
         self._input_dtypes: dict[str, torch.dtype | None] | None = None
+        self._output_dtypes: dict[str, torch.dtype | None] | None = None
         self._specs: dict[str, InputSpec] | None = None
         self.device = torch.device("cuda", int(self.provider_options.get("device_id", 0))) if self.provider in ("CUDA", "TensorRT") else torch.device("cpu")
 
@@ -339,33 +340,96 @@ class OrtRunner:
         shapeless = {i.name for i in proto.graph.input if i.type.HasField("tensor_type") and not i.type.tensor_type.HasField("shape")}
         return {name: replace(spec, dims=None) if name in shapeless and spec.dims == () else spec for name, spec in specs.items()}
 
-    def _run_bound(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
-        import onnxruntime
+    @property
+    def output_dtypes(self) -> dict[str, torch.dtype | None]:
+        """Output name -> the torch dtype the model declares (None for a type torch lacks, or no tensor)."""
+        if self._output_dtypes is None:
+            self._output_dtypes = {o.name: _declared_torch_dtype(o.type) for o in self.session.get_outputs()}
+        return self._output_dtypes
 
+    def _run_bound(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         binding = sess.io_binding()
         keep = []
+        dev = "cuda" if self.device.type == "cuda" else "cpu"
+        index = self.device.index or 0
         for name, value in feeds.items():
             t = to_torch(value).detach()  # (DLPack refuses a tensor that requires grad)
             if self.device.type == "cuda" and t.device.type != "cuda":
                 t = t.to(self.device)
             t = t.contiguous()
             keep.append(t)
-            binding.bind_ortvalue_input(name, onnxruntime.OrtValue.from_dlpack(t))
-        dev = "cuda" if self.device.type == "cuda" else "cpu"
+            binding.bind_ortvalue_input(name, _ortvalue(t, dev, index))
         for name in names:
-            binding.bind_output(name, dev, self.device.index or 0)
+            binding.bind_output(name, dev, index)
         sess.run_with_iobinding(binding)
-        return [self._to_torch(o) for o in binding.get_outputs()]
+        declared = self.output_dtypes
+        return [self._to_torch(o, declared.get(n)) for n, o in zip(names, binding.get_outputs(), strict=True)]
 
-    def _to_torch(self, value: Any) -> torch.Tensor:
+    def _to_torch(self, value: Any, declared: torch.dtype | None = None) -> torch.Tensor:
         # zero copy where this onnxruntime's OrtValue speaks DLPack; a host round trip otherwise
-        if hasattr(value, "__dlpack__"):
-            return torch.from_dlpack(value)
-        return to_torch(value.numpy(), self.device if self.device.type == "cuda" else None)
+        if hasattr(value, "__dlpack__") and (declared is None or declared not in _DLPACK_REFUSED_OUT):
+            t = torch.from_dlpack(value)
+            if declared is None or t.dtype == declared:
+                return t
+            if declared == torch.bool and t.dtype == torch.uint8:
+                # onnxruntime 1.31 exports bool as uint8 (its bytes are 0 or 1): the model's dtype, no copy
+                return t.view(torch.bool)
+            _DLPACK_REFUSED_OUT.add(declared)  # any other change of dtype: the host copy, from now on
+        t = to_torch(value.numpy(), self.device if self.device.type == "cuda" else None)
+        return t.view(torch.bool) if declared == torch.bool and t.dtype == torch.uint8 else t
 
     def _run_numpy(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         np_feeds = {k: to_numpy(v) for k, v in feeds.items()}
         outs = sess.run(names, np_feeds)
         return [to_torch(o, self.device if self.device.type == "cuda" else None) for o in outs]
+
+
+# (torch dtype, device type) of feeds this onnxruntime's `OrtValue.from_dlpack` refused (1.31: bool), and
+# declared output dtypes its DLPack export changed: those go through a host array, every other tensor of
+# the run still through DLPack
+_DLPACK_REFUSED: set[tuple[torch.dtype, str]] = set()
+_DLPACK_REFUSED_OUT: set[torch.dtype] = set()
+
+
+def _ortvalue(t: torch.Tensor, dev: str, index: int) -> Any:
+    """An OrtValue holding `t` (contiguous, on the runner's device): through DLPack without a copy where this
+    onnxruntime takes the dtype, else from a host array (copied back to the GPU for CUDA)."""
+    import onnxruntime
+
+    key = (t.dtype, t.device.type)
+    if key not in _DLPACK_REFUSED:
+        try:
+            value = onnxruntime.OrtValue.from_dlpack(t)
+        except Exception:  # onnxruntime raises a plain RuntimeError ("Unsupported code 6") for a dtype it lacks
+            _DLPACK_REFUSED.add(key)
+        else:
+            if _ORT_TYPE.get(t.dtype) in (None, value.data_type()):
+                return value
+            _DLPACK_REFUSED.add(key)  # taken as another element type: not this tensor
+    return onnxruntime.OrtValue.ortvalue_from_numpy(to_numpy(t), dev, index)
+
+
+def _declared_torch_dtype(type_str: str) -> torch.dtype | None:
+    """The torch dtype of onnxruntime's type string "tensor(float16)" (None for other types)."""
+    if not type_str.startswith("tensor("):
+        return None
+    try:
+        return parse_dtype(type_str[len("tensor(") : -1]).torch
+    except (ValueError, KeyError):
+        return None
+
+
+# onnxruntime's type strings of the dtypes whose DLPack import is checked (a wrong element type is caught)
+_ORT_TYPE: dict[torch.dtype, str] = {
+    torch.bool: "tensor(bool)",
+    torch.uint8: "tensor(uint8)",
+    torch.int8: "tensor(int8)",
+    torch.float16: "tensor(float16)",
+    torch.bfloat16: "tensor(bfloat16)",
+    torch.float32: "tensor(float)",
+    torch.float64: "tensor(double)",
+    torch.int32: "tensor(int32)",
+    torch.int64: "tensor(int64)",
+}
 
 
