@@ -4,6 +4,7 @@ returning typed results and raising domain exceptions that the fixture turns int
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import warnings
@@ -15,7 +16,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .dtypes import dtype_of
 from .model_io import CheckedModel, check_feeds, check_model, load_model, model_path
-from .providers import KNOWN, parse_provider, torch_device
+from .providers import (
+    KNOWN,
+    option_values,
+    parse_provider,
+    provider_options_in_force,
+    tf32_in_play,
+    tf32_line,
+    torch_device,
+)
 from .results import CheckRow, closer_to_oracle
 from .selection import trim_cache
 from .tolerance import Tolerance, Violation
@@ -162,6 +171,9 @@ class CheckResult:
     closer: Literal["onnxruntime", "torch", "tie"] | None = None
     blame: BlameTable | None = None
     model: str = ""
+    #: lines the report adds about how onnxruntime ran (TF32 in play on a CUDA float32 failure, an IR
+    #: version read as an older one)
+    notes: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -203,7 +215,7 @@ class CheckResult:
         if not lines:
             lines.append(f"ortdiff: {self.judgements[0].title} {self.provider} {self.dtype}: passed ({self.tolerance.describe()})")
             lines.append(self.report.render())
-        extra = [self.closer_line() if not self.passed else None, self.ran_on_ort_line(), self.blame.render() if self.blame is not None else None]
+        extra = [self.closer_line() if not self.passed else None, self.ran_on_ort_line(), *self.notes, self.blame.render() if self.blame is not None else None]
         lines += [x for x in extra if x]
         return "\n".join(lines)
 
@@ -290,13 +302,21 @@ class Checker:
     MissingKernelError (unless `missing="ort"`); onnxruntime refusing the model, OrtRunError.
     """
 
-    def __init__(self, provider: str, dtype: str, *, tolerance: ToleranceLike = None) -> None:
+    def __init__(self, provider: str, dtype: str, *, tolerance: ToleranceLike = None, provider_options: Mapping[str, Any] | None = None) -> None:
         self.provider = parse_provider(provider)
         self.dtype = dtype_of(dtype).short
         self.tolerance = _as_tolerance(tolerance).for_dtype(self.dtype)
+        #: onnxruntime's options for this provider, as deployed (e.g. {"use_tf32": 0} on CUDA): every session
+        #: this checker makes takes them (blame's, reproducible's, the evaluator's "ort" kernels' too)
+        self.provider_options = option_values(self.provider, provider_options or {}, "Checker(provider_options=...)")
 
     def __repr__(self) -> str:
-        return f"Checker(provider={self.provider!r}, dtype={self.dtype!r}, tolerance={self.tolerance.describe()!r})"
+        options = f", provider_options={self.provider_options!r}" if self.provider_options else ""
+        return f"Checker(provider={self.provider!r}, dtype={self.dtype!r}, tolerance={self.tolerance.describe()!r}{options})"
+
+    def options_in_force(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which every onnxruntime session made for this provider takes this checker's options."""
+        return provider_options_in_force({self.provider: self.provider_options} if self.provider_options else {})
 
     @property
     def device(self) -> str:
@@ -348,7 +368,14 @@ class Checker:
         checked = self.prepare(model, feeds)
         if runtime == "ort":
             return self.run_ort(checked, feeds, output_names)
-        return list(self.evaluator(checked, runtime=runtime, kernels=kernels, missing=missing).run(output_names, feeds))
+        with self.options_in_force():
+            return list(self.evaluator(checked, runtime=runtime, kernels=kernels, missing=missing).run(output_names, feeds))
+
+    def effective_options(self) -> dict[str, str]:
+        """The options onnxruntime's sessions for this provider take now: those in force, this checker's over them."""
+        from .providers import options_in_force
+
+        return {**options_in_force(self.provider), **self.provider_options}
 
     def oracle(
         self,
@@ -364,12 +391,20 @@ class Checker:
         return self.run(model, feeds, runtime="float64", output_names=output_names, kernels=kernels, missing=missing)
 
     def run_ort(self, model: CheckedModel, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> list[torch.Tensor]:
-        """onnxruntime's outputs for a checked model (sessions are cached per model and provider)."""
+        """onnxruntime's outputs for a checked model (sessions are cached per model, provider and options)."""
+        __tracebackhide__ = True  # pytest shows the caller's line, not ours
+        return self._run_ort(model, feeds, output_names)[0]
+
+    def _run_ort(self, model: CheckedModel, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+        """onnxruntime's outputs, and the notes a report adds about how it ran them."""
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
         from .runtimes.ort import OrtRunner, UnsupportedByProviderError
 
         try:
-            return OrtRunner(model.source or model.proto, provider=self.provider).run(output_names, feeds)
+            with self.options_in_force():
+                runner = OrtRunner(model.source or model.proto, provider=self.provider)
+                outputs = runner.run(output_names, feeds)
+            return outputs, runner.notes
         except UnsupportedByProviderError as exc:
             raise UnsupportedByProvider(self.provider, self.dtype, exc.op, str(exc)) from None
         except Exception as exc:
@@ -440,9 +475,10 @@ class Checker:
         m = checked.proto
         _warn_other_dtype(m, self.dtype)
         names = [o.name for o in m.graph.output]
-        got = self.run_ort(checked, feeds)
+        got, notes = self._run_ort(checked, feeds)
         ev = self.evaluator(checked, runtime="torch", kernels=kernels, missing=missing)
-        expected = ev.run(None, feeds)
+        with self.options_in_force():  # (the evaluator's "ort" kernels make sessions too)
+            expected = ev.run(None, feeds)
         ran_on_ort = tuple(getattr(ev, "ops_run_by_ort", ()) or ())
         tol = self.tolerance_for(tolerance)
 
@@ -455,7 +491,8 @@ class Checker:
             judgements: tuple[Judgement, ...] = (judge("torch evaluator vs onnxruntime", expected, got, ""),)
         else:
             ev64 = self.evaluator(checked, runtime="float64", kernels=kernels, missing=missing)
-            oracle = [o.to(t.dtype) for o, t in zip(ev64.run(None, feeds), expected, strict=True)]
+            with self.options_in_force():
+                oracle = [o.to(t.dtype) for o, t in zip(ev64.run(None, feeds), expected, strict=True)]
             judgements = (
                 judge("float64 oracle vs onnxruntime", oracle, got, " [ort vs float64]"),
                 judge("float64 oracle vs torch evaluator", oracle, expected, " [torch vs float64]"),
@@ -471,8 +508,11 @@ class Checker:
             ran_on_ort=ran_on_ort,
             closer=closer,
             model=m.graph.name,
+            notes=notes,
         )
         if not result.passed:
+            if tf32_in_play(self.provider, self.dtype, self.effective_options()):
+                result = replace(result, notes=(*notes, tf32_line(self.effective_options())))
             if blame:
                 result = replace(result, blame=self.blame(checked, feeds, kernels=kernels, missing=missing))
             raise ToleranceBroken(result.render(), result)
@@ -485,7 +525,8 @@ class Checker:
         from .blame import blame
 
         _check_missing(missing)
-        return blame(model, feeds, provider=self.provider, dtype=self.dtype, kernels=kernels, tolerance=self.tolerance, missing=missing)
+        with self.options_in_force():
+            return blame(model, feeds, provider=self.provider, dtype=self.dtype, kernels=kernels, tolerance=self.tolerance, missing=missing)
 
     def check_baseline(
         self,
@@ -544,17 +585,18 @@ class Checker:
 
         _check_missing(missing)
         try:
-            report = check_reproducible(
-                model,
-                feeds,
-                provider=self.provider,
-                runs=runs,
-                vary=vary,
-                torch_deterministic=torch_deterministic,
-                session_options=session_options,
-                kernels=kernels,
-                missing=missing,
-            )
+            with self.options_in_force():
+                report = check_reproducible(
+                    model,
+                    feeds,
+                    provider=self.provider,
+                    runs=runs,
+                    vary=vary,
+                    torch_deterministic=torch_deterministic,
+                    session_options=session_options,
+                    kernels=kernels,
+                    missing=missing,
+                )
         except UnsupportedByProviderError as exc:
             raise UnsupportedByProvider(self.provider, self.dtype, exc.op, str(exc)) from None
         if not report.reproducible:

@@ -501,3 +501,79 @@ def test_outputs_handed_back_in_another_dtype_are_given_the_declared_one(monkeyp
     y, z = OrtRunner(_bool_model(), cache=False).run(None, _BOOL_FEEDS)
     assert (y.dtype, z.dtype) == (torch.bool, torch.bool)
     assert y.tolist() == _BOOL_Y and z.tolist() == _BOOL_Z
+
+
+# -- IR versions newer than onnxruntime reads -------------------------------------------------------
+
+
+def _ir_model(ir_version: int) -> onnx.ModelProto:
+    model = make_model(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        [oh.make_tensor_value_info("x", TP.FLOAT, [3])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, [3])],
+    )
+    model.ir_version = ir_version
+    return model
+
+
+def test_a_model_of_a_newer_ir_version_runs_when_it_uses_nothing_of_it_and_says_so() -> None:
+    """onnx 1.23 writes IR 14 for any model and onnxruntime 1.31 reads IR <= 13: a model needing nothing
+    newer runs at the version this onnxruntime reads, and the runner's notes say so (one version past the
+    newest onnx knows stands in for it on an onnxruntime that reads IR 14)."""
+    runner = OrtRunner(_ir_model(onnx.IR_VERSION + 1), cache=False)
+    (y,) = runner.run(None, {"x": torch.tensor([-1.0, 0.5, 2.0])})
+    assert y.tolist() == [0.0, 0.5, 2.0]
+    (note,) = runner.notes
+    assert re.fullmatch(
+        rf"IR version {onnx.IR_VERSION + 1} read as (\d+): onnxruntime {re.escape(onnxruntime.__version__)} reads IR <= \1, "
+        r"and the model uses nothing newer \(it needs IR 8\); onnx.helper.make_model\(..., ir_version=\1\) writes it so",
+        note,
+    ), note
+    cached = OrtRunner(_ir_model(onnx.IR_VERSION + 1))
+    cached.run(None, {"x": torch.zeros(3)})
+    again = OrtRunner(_ir_model(onnx.IR_VERSION + 1))  # from the session cache: the note comes with it
+    again.run(None, {"x": torch.zeros(3)})
+    assert again.notes == (note,)
+    assert OrtRunner(_ir_model(9)).notes == ()
+
+
+def test_a_model_that_needs_a_newer_ir_version_is_refused_in_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_ortdiff import model_io
+    from pytest_ortdiff.runtimes.ort import IrVersionError
+
+    # what a model with a FLOAT6E2M3 tensor needs, on any onnxruntime: one IR version past the newest
+    monkeypatch.setattr(model_io, "required_ir_version", lambda proto: (onnx.IR_VERSION + 1, "element type FLOAT6E2M3"))
+    with pytest.raises(IrVersionError) as info:
+        OrtRunner(_ir_model(onnx.IR_VERSION + 1), cache=False).run(None, {"x": torch.zeros(3)})
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.fullmatch(
+        rf"the model needs IR version {onnx.IR_VERSION + 1} \(element type FLOAT6E2M3\) and onnxruntime \S+ reads IR <= \d+: "
+        rf"install an onnxruntime that reads IR {onnx.IR_VERSION + 1}, or build the model without element type FLOAT6E2M3",
+        message,
+    ), message
+
+
+def test_required_ir_version_names_what_sets_it() -> None:
+    from pytest_ortdiff.model_io import required_ir_version
+
+    assert required_ir_version(_ir_model(14)) == (8, "opset ai.onnx 18")
+    model = _ir_model(14)
+    model.graph.node.append(oh.make_node("Cast", ["y"], ["z"], to=TP.FLOAT8E8M0))
+    assert required_ir_version(model) == (12, "element type FLOAT8E8M0")
+    model.graph.initializer.append(oh.make_tensor("w", TP.INT2, [2], [1, -1]))
+    assert required_ir_version(model) == (13, "element type INT2")
+    body = oh.make_graph([oh.make_node("Cast", ["a"], ["b"], to=TP.FLOAT6E2M3)], "body", [], [oh.make_tensor_value_info("b", TP.FLOAT6E2M3, [1])])
+    model.graph.node.append(oh.make_node("If", ["c"], ["d"], then_branch=body, else_branch=body))
+    assert required_ir_version(model) == (14, "element type FLOAT6E2M3")
+
+
+def test_a_model_file_with_external_data_of_a_newer_ir_version_runs(tmp_path: Path) -> None:
+    model, w = _weights_model()
+    model.ir_version = onnx.IR_VERSION + 1
+    _save_external(model, tmp_path / "m.onnx")
+    runner = OrtRunner(tmp_path / "m.onnx", cache=False)
+    x = np.ones((2, w.shape[0]), np.float32)
+    (y,) = runner.run(None, {"x": x})
+    np.testing.assert_allclose(y.numpy(), x @ w, rtol=1e-6)
+    assert len(runner.notes) == 1

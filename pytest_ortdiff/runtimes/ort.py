@@ -27,7 +27,14 @@ from ..model_io import (
     session_input_specs,
     too_large,
 )
-from ..providers import KNOWN, parse_provider, unavailable_reason
+from ..providers import (
+    KNOWN,
+    option_values,
+    options_in_force,
+    parse_provider,
+    tf32_in_play,
+    unavailable_reason,
+)
 from ..selection import trim_cache
 from .tensors import to_numpy, to_torch
 
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
     import onnxruntime
 
 __all__ = [
+    "IrVersionError",
     "ModelSource",
     "OrtRunner",
     "ProviderUnavailableError",
@@ -57,6 +65,10 @@ class UnsupportedByProviderError(RuntimeError):
         self.provider = provider
         self.op = op
         super().__init__(f"onnxruntime {KNOWN.get(provider, provider)} has no kernel for {op}: {message}")
+
+
+class IrVersionError(ValueError):
+    """The model needs an IR version this onnxruntime cannot read: the message names what and the fix."""
 
 
 class ProviderUnavailableError(RuntimeError):
@@ -129,10 +141,11 @@ def _check_external_data(folder: Path, subject: str, external: list[tuple[str, s
             )
 
 
+_IR_TOO_NEW = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
 _NOT_IMPL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
 
-# one process-wide cache: tests build the same tiny models again and again. key -> (session, bytes of
-# the model and its external data), bounded by bytes (selection.cache_bytes: $ORTDIFF_CACHE_MB, ini
+# one process-wide cache: tests build the same tiny models again and again. key -> ((session, its notes),
+# bytes of the model and its external data), bounded by bytes (selection.cache_bytes: $ORTDIFF_CACHE_MB, ini
 # ortdiff_cache_mb): a session holds its model's weights
 _SESSIONS: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
 _LOCK = threading.Lock()
@@ -216,7 +229,9 @@ class OrtRunner:
         # the proto given, if one was (what it declares of its inputs, where onnxruntime cannot say)
         self._proto: onnx.ModelProto | None = model if isinstance(model, onnx.ModelProto) else None
         self.session_options = session_options
-        self.provider_options = dict(provider_options or {})
+        #: this provider's options: those in force (a test's, a Checker's: providers.provider_options_in_force)
+        #: with `provider_options`' over them
+        self.provider_options = {**options_in_force(self.provider), **option_values(self.provider, provider_options or {})}
         #: the file onnxruntime opens (a model with external data), else None: it takes the bytes
         self.model_path: str | None = None
         self._external_bytes = 0
@@ -240,6 +255,8 @@ class OrtRunner:
             _check_external_data(folder, subject, external)
             self._external_bytes = sum((folder / location).stat().st_size for location in {loc for _, loc in external})
         self._session: Any = None
+        #: what a report should say about how onnxruntime ran the model (an IR version read as an older one)
+        self.notes: tuple[str, ...] = ()
         self._input_dtypes: dict[str, torch.dtype | None] | None = None
         self._output_dtypes: dict[str, torch.dtype | None] | None = None
         self._specs: dict[str, InputSpec] | None = None
@@ -261,10 +278,11 @@ class OrtRunner:
             cached = _SESSIONS.get(key)
             if cached is not None:
                 _SESSIONS.move_to_end(key)
-                return cached[0]
+                sess, self.notes = cached[0]
+                return sess
         sess = self._create()
         with _LOCK:
-            _SESSIONS[key] = (sess, len(self.model_bytes) + self._external_bytes)
+            _SESSIONS[key] = ((sess, self.notes), len(self.model_bytes) + self._external_bytes)
             trim_cache(_SESSIONS)
         return sess
 
@@ -279,9 +297,16 @@ class OrtRunner:
         if ep != "CPUExecutionProvider":
             providers.append("CPUExecutionProvider")  # nodes the EP lacks fall back, as in production
         try:
-            sess = onnxruntime.InferenceSession(
-                self.model_path or self.model_bytes, sess_options=_make_options(self.session_options), providers=providers
-            )
+            try:
+                sess = onnxruntime.InferenceSession(
+                    self.model_path or self.model_bytes, sess_options=_make_options(self.session_options), providers=providers
+                )
+            except Exception as exc:
+                m = _IR_TOO_NEW.search(str(exc))
+                if not m:
+                    raise
+                # a model written by a newer onnx (onnx 1.23 writes IR 14; onnxruntime 1.31 reads <= 13)
+                sess = self._create_at_ir(int(m.group(1)), int(m.group(2)), providers)
         except Exception as exc:  # onnxruntime raises its own exception classes per status code
             m = _NOT_IMPL.search(str(exc))
             if m:
@@ -289,6 +314,50 @@ class OrtRunner:
             raise
         if ep not in sess.get_providers():
             raise ProviderUnavailableError(f"onnxruntime fell back from {ep} to {sess.get_providers()}: the EP failed to load here")
+        if self.provider_options:
+            # onnxruntime ignores an option its provider does not know: refused here, naming what it knows
+            known = sess.get_provider_options().get(ep, {})
+            unknown = sorted(set(self.provider_options) - set(known))
+            if unknown:
+                raise ValueError(
+                    f"onnxruntime's {ep} has no option {', '.join(map(repr, unknown))}; "
+                    + (f"its options: {', '.join(sorted(known))}" if known else "it takes no options")
+                )
+        return sess
+
+    def tf32(self, dtype: str) -> bool:
+        """Whether onnxruntime may compute `dtype` in TF32 here (CUDA, float32, use_tf32 not 0)."""
+        return tf32_in_play(self.provider, dtype, self.provider_options)
+
+    def _create_at_ir(self, ir: int, max_ir: int, providers: list[Any]) -> Any:
+        """The session of the model with its IR version lowered to `max_ir` (what this onnxruntime reads),
+        when the model uses nothing of the versions above; else one line naming the fix."""
+        import onnxruntime
+
+        from ..model_io import parse_model, required_ir_version
+
+        proto = parse_model(self.model_bytes)
+        needed, why = required_ir_version(proto)
+        if needed > max_ir:
+            raise IrVersionError(
+                f"the model needs IR version {needed} ({why}) and onnxruntime {onnxruntime.__version__} reads IR <= {max_ir}: "
+                f"install an onnxruntime that reads IR {needed}, or build the model without {why}"
+            )
+        proto.ir_version = max_ir
+        options = self.session_options
+        if self.model_path is not None:  # its external data stays where it is: the folder named
+            if options is not None and not isinstance(options, Mapping):
+                raise IrVersionError(
+                    f"the model file has IR version {ir} and onnxruntime {onnxruntime.__version__} reads IR <= {max_ir}; "
+                    f"save it with ir_version={max_ir} (it uses nothing newer), or pass session options as a dict"
+                )
+            options = {**(options or {}), EXTERNAL_DATA_FOLDER: str(Path(self.model_path).parent)}
+        sess = onnxruntime.InferenceSession(proto.SerializeToString(), sess_options=_make_options(options), providers=providers)
+        self.notes = (
+            *self.notes,
+            f"IR version {ir} read as {max_ir}: onnxruntime {onnxruntime.__version__} reads IR <= {max_ir}, and the model "
+            f"uses nothing newer (it needs IR {needed}); onnx.helper.make_model(..., ir_version={max_ir}) writes it so",
+        )
         return sess
 
     @property
