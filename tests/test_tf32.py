@@ -5,6 +5,7 @@ was in play. What only a GPU shows (what each switch changes in the numbers) is 
 
 from __future__ import annotations
 
+import importlib
 import threading
 from typing import Any
 
@@ -291,3 +292,24 @@ def test_bad_provider_options_in_a_marker_fail_the_test_naming_them(pytester: py
 def test_help_lists_the_provider_options(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["*--ort-provider-options=PROVIDER:KEY=VALUE*", "*ortdiff_provider_options (linelist)*"])
+
+
+def test_blame_rows_of_gemms_and_convolutions_say_tf32_when_it_was_in_play(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU: CUDA, float32, use_tf32 not 0. Here the condition is granted on CPU to show what the table says."""
+    blame_module = importlib.import_module("pytest_ortdiff.blame")  # (the package's `blame` is the function)
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    def in_play(provider: str, dtype: str, options: dict[str, str]) -> bool:
+        seen.append((provider, dtype, options))
+        return True
+
+    monkeypatch.setattr(blame_module, "tf32_in_play", in_play)
+    model = models.layer_norm_matmul_add(dtype="float32")
+    feeds = models.random_feeds(model, dims={"a": 2, "b": 8, "c": 64}, seed=0)
+    table = blame_module.blame(model, feeds, provider="CPU")
+    assert seen == [("CPU", "float32", {})]
+    assert {r.op_type: r.tf32 for r in table.rows} == {"LayerNormalization": False, "MatMul": True, "Add": False}
+    text = table.render(top=10)
+    assert "MatMul (TF32)" in text and "Add (TF32)" not in text
+    assert text.splitlines()[-1].startswith("note: (TF32) rows: onnxruntime's CUDA provider ran with use_tf32=1 (its default)")
+    assert table.to_dict()["rows"][0]["tf32"] in (True, False)
