@@ -21,10 +21,17 @@ import onnx
 import onnx.reference
 import onnxruntime  # noqa: F401
 import pytest
-import torch  # noqa: F401
+import torch
 
 import pytest_ortdiff.diff
 import pytest_ortdiff.runtimes.evaluator  # noqa: F401
+
+# torch.onnx's exporters, for the same reason: a TorchScript export first made inside a pytester run (e.g.
+# test_parity's fixture test) imports torch's dynamo exporter there, the restore drops it, and the worker's
+# next dynamo export finds its op registry empty ("_registry must not be empty"): tests/test_suite_order.py
+with contextlib.suppress(ImportError):
+    import torch.onnx._internal.exporter._core
+    import torch.onnx._internal.torchscript_exporter.utils  # noqa: F401
 
 # -- the terminal's width ---------------------------------------------------------------------------
 
