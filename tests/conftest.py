@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import device_watch
 import onnx
 import onnx.reference
 import onnxruntime  # noqa: F401
@@ -32,6 +33,20 @@ import pytest_ortdiff.runtimes.evaluator  # noqa: F401
 with contextlib.suppress(ImportError):
     import torch.onnx._internal.exporter._core
     import torch.onnx._internal.torchscript_exporter.utils  # noqa: F401
+
+# -- the device watch ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _device_watch() -> Iterator[None]:
+    """Every TorchEvaluator run of the suite fails on a tensor made without the run's device (tests/device_watch.py):
+    what would put a tensor on the CPU next to CUDA ones on a GPU shows on CPU CI. ORTDIFF_DEVICE_WATCH=0: off."""
+    if not device_watch.enabled():
+        yield
+        return
+    with device_watch.watching():
+        yield
+
 
 # -- the terminal's width ---------------------------------------------------------------------------
 
