@@ -575,10 +575,12 @@ class Checker:
         session_options: Mapping[str, Any] | None = None,
         kernels: Mapping[Any, Any] | None = None,
         missing: Missing = "error",
+        threads: Sequence[int] | None = None,
     ) -> ReproducibilityReport:
         """Is `model` bitwise reproducible on this provider? The same session `runs` times, varied intra-op
-        threads and graph optimization levels (`vary`), and on CUDA the torch evaluator with deterministic
-        algorithms on and off. Returns the ReproducibilityReport, or raises NotReproducible carrying it."""
+        threads (`threads`: the counts compared, default 1, 2 and the machine's cores) and graph optimization
+        levels (`vary`), and on CUDA the torch evaluator with deterministic algorithms on and off. Returns the
+        ReproducibilityReport, or raises NotReproducible carrying it."""
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
         from .reproducible import check_reproducible
         from .runtimes.ort import UnsupportedByProviderError
@@ -596,6 +598,7 @@ class Checker:
                     session_options=session_options,
                     kernels=kernels,
                     missing=missing,
+                    threads=threads,
                 )
         except UnsupportedByProviderError as exc:
             raise UnsupportedByProvider(self.provider, self.dtype, exc.op, str(exc)) from None

@@ -262,16 +262,19 @@ class OrtDiff:
         session_options: Mapping[str, Any] | None = None,
         kernels: Mapping[Any, Any] | None = None,
         missing: Missing = "error",
+        threads: Sequence[int] | None = None,
     ) -> ReproducibilityReport:
         """Is `model` bitwise reproducible on this provider? The same session `runs` times, then varied
-        intra-op threads and graph optimization levels (`vary`), and on CUDA the torch evaluator with
-        `torch.use_deterministic_algorithms` on and off; fails the test with the report (a histogram per
-        differing variation) otherwise. Returns a `reproducible.ReproducibilityReport`."""
+        intra-op threads (`threads`, default 1, 2 and the machine's cores) and graph optimization levels
+        (`vary`), and on CUDA the torch evaluator with `torch.use_deterministic_algorithms` on and off;
+        fails the test with the report (a histogram per differing variation) otherwise. Returns a
+        `reproducible.ReproducibilityReport`."""
         __tracebackhide__ = True
         self.reproducible_checked = True
         try:
             report = self.checker.check_reproducible(
-                model, feeds, runs=runs, vary=vary, torch_deterministic=torch_deterministic, session_options=session_options, kernels=kernels, missing=missing
+                model, feeds, runs=runs, vary=vary, torch_deterministic=torch_deterministic, session_options=session_options, kernels=kernels, missing=missing,
+                threads=threads,
             )
         except CheckFailed as exc:
             report = exc.result

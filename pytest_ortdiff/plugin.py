@@ -28,7 +28,7 @@ __all__ = ["_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
 
 _FIXTURES = ("ortdiff", "ort_provider", "ort_dtype")  # all depend on _ortdiff_case
 _MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget", "reproducible", "provider_options")
-_REPRODUCIBLE_KWARGS = ("runs", "vary", "torch_deterministic", "session_options")
+_REPRODUCIBLE_KWARGS = ("runs", "vary", "torch_deterministic", "session_options", "threads")
 DEFAULT_PROVIDERS = selection.DEFAULT.providers
 DEFAULT_DTYPES = selection.DEFAULT.dtypes
 
@@ -275,7 +275,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "for each provider × dtype (intersected with --ort-providers/--ort-dtypes) and set its tolerance; "
         "values may be per dtype, e.g. atol={'float16': 0.5}; budget={1e-2: 0.001, 1.0: 0} allows 0.1 % of "
         "elements above 1e-2 and none above 1; reproducible=True (or a dict of check_reproducible arguments: "
-        "runs, vary, torch_deterministic, session_options) makes ortdiff.check() also check bitwise "
+        "runs, vary, torch_deterministic, session_options, threads) makes ortdiff.check() also check bitwise "
         "reproducibility, and fails a test that never runs such a check; provider_options={'CUDA': {'use_tf32': 0}} sets "
         "onnxruntime's options for the test (over --ort-provider-options)",
     )
@@ -329,6 +329,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     state.selection = selection.Selection(providers, dtypes, cache_mb)
     config.stash[PROVIDER_OPTIONS] = _provider_options(config)
+    _apply_threads()
     results = RunResults(
         json_path=config.getoption("ortdiff_json"),
         html_path=config.getoption("ortdiff_html"),
@@ -350,6 +351,23 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS] = results
     selection.activate(state.selection)
     config.pluginmanager.register(results, "ortdiff-session")
+
+
+def _apply_threads() -> None:
+    """$ORTDIFF_THREADS=N: torch computes on N threads (onnxruntime's sessions take N intra-op threads where
+    their options name none): a run's numbers then do not depend on the machine's cores."""
+    raw = os.environ.get("ORTDIFF_THREADS", "").strip()
+    if not raw:
+        return
+    from .runtimes.ort import threads_from_env  # (imports torch: only when asked for)
+
+    try:
+        n = threads_from_env()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    import torch
+
+    torch.set_num_threads(n or 1)
 
 
 def _provider_options(config: pytest.Config) -> dict[str, dict[str, str]]:
@@ -429,6 +447,9 @@ def _reproducible_problem(args: dict[str, Any]) -> str | None:
         unknown = [v for v in names if v not in VARIATIONS]
         if unknown:
             return f"vary: unknown variation(s) {unknown}; valid: {', '.join(VARIATIONS)}"
+    threads = args.get("threads", [1, 2])
+    if not isinstance(threads, list | tuple) or len(threads) < 2 or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in threads):
+        return f"threads must list at least two thread counts such as [1, 2, 4], got {threads!r}"
     runs = args.get("runs", 2)
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         return f"runs must be a positive number of runs such as 5, got {runs!r}"

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import onnxruntime
 
 __all__ = [
+    "THREADS_ENV",
     "IrVersionError",
     "ModelSource",
     "OrtRunner",
@@ -50,6 +51,7 @@ __all__ = [
     "UnsupportedByProviderError",
     "load_model",
     "model_bytes",
+    "threads_from_env",
 ]
 
 #: what a runner (and every entry point) takes as a model: a proto, a file, or its serialized bytes
@@ -169,6 +171,9 @@ def _make_options(options: Any) -> Any:
     # competes with them (a seed-000 MatMul took 100 ms instead of 68 ms on 2 cores). Tests alternate
     # runtimes, so the threads sleep unless the caller asks otherwise.
     config = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+    threads = threads_from_env()
+    if threads is not None and "intra_op_num_threads" not in (options or {}):
+        so.intra_op_num_threads = threads  # (CI runs the examples at 1, 2 and 16 threads: $ORTDIFF_THREADS)
     for key, value in (options or {}).items():
         if "." in key:  # a session config entry, e.g. "session.intra_op.allow_spinning": "1"
             config[key] = str(value)
@@ -184,6 +189,23 @@ def _make_options(options: Any) -> Any:
     for key, value in config.items():
         so.add_session_config_entry(key, value)
     return so
+
+
+#: the environment variable fixing the thread counts of a run: onnxruntime's intra-op threads in every session
+#: whose options do not set them, and torch's (the pytest plugin calls torch.set_num_threads at start-up)
+THREADS_ENV = "ORTDIFF_THREADS"
+
+
+def threads_from_env() -> int | None:
+    """$ORTDIFF_THREADS as a positive thread count (None when unset); ValueError naming it otherwise."""
+    import os
+
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"${THREADS_ENV}={raw!r}: give a positive number of threads such as 2, or unset it")
+    return int(raw)
 
 
 def _opt_level(value: str | int) -> Any:
