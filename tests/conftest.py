@@ -17,12 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import device_watch
 import onnx
 import onnx.reference
 import onnxruntime  # noqa: F401
 import pytest
 import torch
+
+# Triton, where installed, runs its kernels in its interpreter on a machine without CUDA
+# (tests/test_diff_triton.py): the switch is read when triton is first imported, so it is set here
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import device_watch
 
 import pytest_ortdiff.diff
 import pytest_ortdiff.runtimes.evaluator  # noqa: F401
@@ -32,7 +38,7 @@ import pytest_ortdiff.runtimes.evaluator  # noqa: F401
 # next dynamo export finds its op registry empty ("_registry must not be empty"): tests/test_suite_order.py
 with contextlib.suppress(ImportError):
     import torch.onnx._internal.exporter._core
-    import torch.onnx._internal.torchscript_exporter.utils  # noqa: F401
+    import torch.onnx._internal.torchscript_exporter.utils
 
 # -- the device watch ----------------------------------------------------------------------------
 
