@@ -767,8 +767,8 @@ def _local_outputs(
     constants: dict[int, tuple[Any, ...]] = {}
     for i in picked:
         value = _constant_value(graph.nodes[i])
-        if value is not None:
-            constants[i] = (value,)
+        if value is not None:  # (decoded on the host: on the torch run's device, as the value it stands for)
+            constants[i] = (value.to(graph.kernels[i].ctx.device),)
     picked = [i for i in picked if i not in constants]
     session = _combined_session(m, graph, picked, provider, known, vals) if picked else None
     if vals is None:

@@ -365,7 +365,7 @@ def test_localiser_names_a_planted_nondeterministic_torch_kernel() -> None:
     gen = torch.Generator().manual_seed(0)
 
     def noisy_tanh(x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x) + 1e-6 * torch.rand(x.shape, generator=gen)
+        return torch.tanh(x) + 1e-6 * torch.rand(x.shape, generator=gen, device=x.device)
 
     model, feeds = _chain()
     rep = check_reproducible(model, feeds, runs=2, vary=(), torch_deterministic=True, kernels={"tanh": noisy_tanh})

@@ -121,4 +121,4 @@ class OrtKernel(Kernel):
         runner, in_names, out_names = self._runner(inputs)
         feeds = dict(zip(in_names, [x for x in inputs if x is not None], strict=True))
         outs = iter(runner.run(out_names, feeds))
-        return tuple(next(outs) if o else torch.empty(0) for o in self.node.output)
+        return tuple(next(outs) if o else torch.empty(0, device=self.ctx.device) for o in self.node.output)
