@@ -422,7 +422,8 @@ class Checker:
 
         from .runtimes.evaluator import TorchEvaluator
 
-        key = (model.digest, self.device, runtime, _kernels_key(kernels), missing)
+        # (its "ort" kernels keep the sessions they make: one evaluator per provider options)
+        key = (model.digest, self.device, runtime, _kernels_key(kernels), missing, tuple(sorted(self.effective_options().items())))
         cached = _EVALUATORS.get(key)
         if cached is not None:
             _EVALUATORS.move_to_end(key)
