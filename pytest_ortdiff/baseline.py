@@ -579,7 +579,118 @@ def load_baseline(path: str | Path) -> Baseline:
         raise _damage(path, exc) from None
 
 
+class _MetaChecker:
+    """Every metadata field this module reads, checked for the type and range this module writes: an edited
+    field (a stride of 0 or "x", an environment that is a list, a quantile that is no number) makes the file a
+    corrupted baseline naming the field, which --ortdiff-update-baselines replaces, never a raw ValueError
+    or AttributeError later in the comparison."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def bad(self, where: str, value: Any, expected: str) -> CorruptBaselineError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return CorruptBaselineError(self.path, f"metadata {where} is {shown}; expected {expected} (the file was edited or damaged)")
+
+    def text(self, where: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise self.bad(where, value, "a string")
+        return value
+
+    def whole(self, where: str, value: Any, low: int = 0, high: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            raise self.bad(where, value, f"a whole number from {low:,}" + (f" to {high:,}" if high is not None else ""))
+        return value
+
+    def number(self, where: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.bad(where, value, "a number")
+
+    def digest(self, where: str, value: Any) -> None:
+        if not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value)):
+            raise self.bad(where, value, "a sha256 (64 hex digits)")
+
+    def check(self, meta: Mapping[str, Any]) -> None:
+        from .providers import parse_provider
+
+        for key in ("test", "name", "written_at", "written_by"):
+            if key in meta:
+                self.text(key, meta[key])
+        provider = self.text("provider", meta.get("provider", ""))
+        if provider:
+            try:
+                parse_provider(provider)
+            except ValueError:
+                raise self.bad("provider", provider, "a provider name such as 'CPU'") from None
+        dtype = self.text("dtype", meta.get("dtype", ""))
+        if dtype:
+            self.dtype("dtype", dtype)
+        if "max_elements" in meta:
+            self.whole("max_elements", meta["max_elements"])
+        env = meta.get("environment", {})
+        if not isinstance(env, Mapping):
+            raise self.bad("environment", env, "an object of names and versions")
+        for k, v in env.items():
+            self.text(f"environment[{k!r}]", v)
+        report = meta.get("reference_report")
+        if report is not None:
+            try:
+                if not isinstance(report, Mapping):
+                    raise TypeError
+                DiffReport.from_dict(report).render()
+            except Exception:  # whatever an edited report breaks in the reader
+                raise self.bad("reference_report", report, "a diff report or null") from None
+        outputs = meta.get("outputs")
+        if not isinstance(outputs, Mapping) or not outputs:
+            raise self.bad("outputs", outputs, "an object with an entry per output")
+        for name, entry in outputs.items():
+            self.output(f"outputs[{name!r}]", entry)
+
+    def dtype(self, where: str, value: Any) -> None:
+        try:
+            dt = dtype_of(self.text(where, value))
+            dt.numpy.itemsize  # noqa: B018  (a dtype a baseline can hold: numpy and torch both have it)
+            dt.torch  # noqa: B018
+        except (KeyError, ValueError, TypeError, AttributeError):
+            raise self.bad(where, value, "a dtype name such as 'float32'") from None
+
+    def output(self, where: str, entry: Any) -> None:
+        if not isinstance(entry, Mapping):
+            raise self.bad(where, entry, "an object describing the output")
+        self.dtype(f"{where}.dtype", entry.get("dtype"))
+        shape = entry.get("shape")
+        if not isinstance(shape, list):
+            raise self.bad(f"{where}.shape", shape, "a list of dims")
+        for i, d in enumerate(shape):
+            self.whole(f"{where}.shape[{i}]", d)
+        numel = math.prod(shape)
+        if "numel" in entry and entry["numel"] != numel:
+            raise self.bad(f"{where}.numel", entry["numel"], f"{numel:,}, the product of its shape {shape}")
+        self.digest(f"{where}.sha256", entry.get("sha256"))
+        if not isinstance(entry.get("key"), str) or not entry["key"]:
+            raise self.bad(f"{where}.key", entry.get("key"), "the name of its member")
+        stored = entry.get("stored")
+        if stored == "summary":
+            stride = self.whole(f"{where}.sample_stride", entry.get("sample_stride"), 1, max(1, numel))
+            self.whole(f"{where}.sample_count", entry.get("sample_count"), 0, -(-numel // stride))
+            self.digest(f"{where}.sample_sha256", entry.get("sample_sha256"))
+            for k in ("nan", "posinf", "neginf"):
+                if k in entry:
+                    self.whole(f"{where}.{k}", entry[k], 0, numel)
+            if entry.get("mean") is not None:
+                self.number(f"{where}.mean", entry["mean"])
+            quantiles = entry.get("quantiles", {})
+            if not isinstance(quantiles, Mapping):
+                raise self.bad(f"{where}.quantiles", quantiles, "an object of quantile -> value")
+            for q, v in quantiles.items():
+                self.number(f"{where}.quantiles[{q!r}]", v)
+        elif stored != "full":
+            raise self.bad(f"{where}.stored", stored, "'full' or 'summary'")
+
+
 def _verify(path: Path, meta: dict[str, Any], z: zipfile.ZipFile) -> Baseline:
+    _MetaChecker(path).check(meta)
     outputs: dict[str, StoredOutput] = {}
     try:
         for key, entry in meta["outputs"].items():

@@ -53,7 +53,7 @@ from .providers import (
 from .results import closer_to_oracle
 from .runtimes.evaluator import MissingKernelError, TorchEvaluator
 from .runtimes.ort import OrtRunner
-from .runtimes.ort_kernel import OrtKernel
+from .runtimes.ort_kernel import CONSTANT_SENSITIVE, OrtKernel
 from .runtimes.tf32 import ieee_float32
 from .tolerance import Tolerance
 
@@ -362,23 +362,23 @@ def _graph_notes(m: onnx.ModelProto, data: bytes, config: Mapping[str, str], pro
     import onnxruntime
 
     ep = KNOWN[parse_provider(provider)]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "optimized.onnx")
-        so = onnxruntime.SessionOptions()
-        so.optimized_model_filepath = path
-        # no optimizations: only the transformations onnxruntime always applies (Cast insertion)
-        so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        for key, value in config.items():
-            so.add_session_config_entry(key, value)
-        if config:  # (the optimized copy's weights go to a file of its own in `tmp`, not into the model's)
-            so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx.data")
-        try:
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "optimized.onnx")
+            so = onnxruntime.SessionOptions()
+            so.optimized_model_filepath = path
+            # no optimizations: only the transformations onnxruntime always applies (Cast insertion)
+            so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            for key, value in config.items():
+                so.add_session_config_entry(key, value)
+            if config:  # (the optimized copy's weights go to a file of its own in `tmp`, not into the model's)
+                so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.onnx.data")
             onnxruntime.InferenceSession(data, so, providers=[ep])
-        except Exception:  # the caller's own run reports session errors; notes are a bonus
-            return []
-        if not os.path.exists(path):
-            return []
-        optimized = onnx.load(path, load_external_data=False)  # (its graph is all that is read)
+            if not os.path.exists(path):
+                return []
+            optimized = onnx.load(path, load_external_data=False)  # (its graph is all that is read)
+    except Exception:  # session errors (the caller's own run reports them), a full or unwritable temporary
+        return []  # directory, a half-written copy: notes are a bonus, never worth the blame table
     inserted = {n.output[0]: n for n in optimized.graph.node if n.op_type == "Cast" and "Inserted" in n.name}
     if not inserted:
         return []
@@ -630,6 +630,8 @@ class _Graph:
         self.outputs = [tuple(n.output) for n in nodes]
         self.runs = [k.run for k in self.kernels]
         self.graph_outputs = tuple(ev.output_names)
+        #: the model's constant values (OrtKernel holds those of MatMulNBits as onnxruntime does)
+        self.constants = ev.constants
 
     def live(self) -> list[bool]:
         """Per node: whether the graph's outputs depend on it (a run computes only those)."""
@@ -891,13 +893,26 @@ def _combined_session(
     g = combined.graph
     g.name = "blame_local"
     fed: dict[str, str] = {}  # value -> the graph input holding it (one per value, whatever reads it)
+    held: dict[str, str] = {}  # constant value -> the initializer holding it (see OrtKernel's CONSTANT_SENSITIVE)
+    weights: dict[str, onnx.TensorProto] | None = None
     for i in picked:
         node = graph.nodes[i]
         in_names = []
+        sensitive = (node.domain or "", node.op_type) in CONSTANT_SENSITIVE
         for x in node.input:
             if not x:
                 in_names.append("")
                 continue
+            if sensitive and x in graph.constants:
+                if weights is None:
+                    weights = {t.name: t for t in m.graph.initializer}
+                if x in weights:
+                    if x not in held:
+                        held[x] = f"c{len(held)}"
+                        g.initializer.add().CopyFrom(weights[x])
+                        g.initializer[-1].name = held[x]
+                    in_names.append(held[x])
+                    continue
             name = fed.get(x)
             if name is None:
                 name = fed[x] = f"v{len(fed)}"
@@ -978,7 +993,7 @@ def _local_outputs_one_by_one(graph: _Graph, picked: Sequence[int], values: Mapp
     out: dict[int, tuple[Any, ...]] = {}
     for i in picked:
         node, k = graph.nodes[i], graph.kernels[i]
-        ort = OrtKernel(node, k.ctx, opsets)
+        ort = OrtKernel(node, k.ctx, opsets, constants=graph.constants)
         res = ort.run(*[values[x] if x else None for x in node.input])
         out[i] = tuple(r if o else None for r, o in zip(res, node.output, strict=False))
     return out
@@ -1031,10 +1046,12 @@ class _Swapper:
 
     def ort_kernel(self, i: int) -> OrtKernel:
         node = self.graph.nodes[i]
-        key = onnx.NodeProto(op_type=node.op_type, domain=node.domain, attribute=node.attribute, input=["x" if x else "" for x in node.input], output=["y" if o else "" for o in node.output]).SerializeToString()
+        # (an op whose onnxruntime kernel holds its constant inputs has a kernel per node: their names are its weights)
+        sensitive = (node.domain or "", node.op_type) in CONSTANT_SENSITIVE
+        key = onnx.NodeProto(op_type=node.op_type, domain=node.domain, attribute=node.attribute, input=[(x if sensitive else "x") if x else "" for x in node.input], output=["y" if o else "" for o in node.output]).SerializeToString()
         k = self._ort.get(key)
         if k is None:
-            k = self._ort[key] = OrtKernel(node, self.graph.kernels[i].ctx, self.opsets)
+            k = self._ort[key] = OrtKernel(node, self.graph.kernels[i].ctx, self.opsets, constants=self.graph.constants)
         return k
 
     def run(self, swapped: Collection[int]) -> list[Any]:
@@ -1452,11 +1469,52 @@ def blame(
         if any(r.tf32 for r in rows):
             notes.append("(TF32) rows: " + tf32_line(options).removeprefix("note: "))
         clock.lap("onnxruntime graph notes")
+        if not gap.is_exact:
+            notes += _departure_notes(graph, torch_all, local, keys)
+            clock.lap("departures")
         return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes, nodes_recomputed=swapper.executed, timings=clock.laps)
     finally:
         if not torch_done.done():
             torch_done.cancel()  # (the threads waiting for the torch run end)
         helper.shutdown(wait=False, cancel_futures=True)  # (after an error: what still runs ends on its own)
+
+
+def _departure_notes(graph: _Graph, values: Mapping[str, Any], local: Mapping[int, tuple[Any, ...]], keys: Sequence[str]) -> list[str]:
+    """Where onnxruntime's kernel departs from an op's meaning on purpose (`Kernel.departure()`: MatMulNBits'
+    int8 activations at accuracy_level=4), what that choice costs: the node computed as onnxruntime does
+    against the meaning (ours), and how much of the node's own gap to onnxruntime it closes. One note per
+    kind of departure, its nodes' largest figures."""
+    found: dict[str, list[tuple[str, float, float, float]]] = {}
+    how: dict[str, str] = {}  # departure -> the kernels= entry that runs the evaluator that way
+    for i, (node, k) in enumerate(zip(graph.nodes, graph.kernels, strict=True)):
+        departure = getattr(k, "departure", None)
+        d = departure() if departure is not None else None
+        got = local.get(i)
+        if d is None or got is None or not node.output or got[0] is None or node.output[0] not in values:
+            continue
+        try:
+            as_ort = d.kernel.run(*[values.get(x) if x else None for x in node.input])[0]
+        except Exception:  # (a note is a bonus: the table stands without it)
+            continue
+        ours, theirs = values[node.output[0]], got[0]
+        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (ours, theirs, as_ort)) or ours.shape != theirs.shape:
+            continue
+        cost = float((as_ort.double() - ours.double()).abs().max()) if ours.numel() else 0.0
+        left = float((as_ort.double() - theirs.double()).abs().max()) if ours.numel() else 0.0
+        gap = float((ours.double() - theirs.double()).abs().max()) if ours.numel() else 0.0
+        found.setdefault(d.what, []).append((keys[i], cost, left, gap))
+        how[d.what] = f"kernels={{({node.domain!r}, {node.op_type!r}): {type(d.kernel).__name__}}}"
+    notes = []
+    for what, nodes in found.items():
+        worst = max(nodes, key=lambda n: n[3])
+        cost, left, gap = max(n[1] for n in nodes), max(n[2] for n in nodes), max(n[3] for n in nodes)
+        where = f"{len(nodes)} nodes (largest gap: {worst[0]})" if len(nodes) > 1 else worst[0]
+        notes.append(
+            f"{what}. {where}: computed as onnxruntime does, the output moves by up to {g(cost)} from the meaning "
+            f"and comes within {g(left)} of onnxruntime's (the meaning is {g(gap)} from it); {how[what]} runs "
+            "the evaluator that way"
+        )
+    return notes
 
 
 def _swap_workers(jobs: int, node_ns: float) -> int:

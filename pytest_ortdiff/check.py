@@ -26,7 +26,7 @@ from .providers import (
     torch_device,
 )
 from .results import CheckRow, closer_to_oracle
-from .selection import trim_cache
+from .selection import ResidentGrowth, trim_cache
 from .tolerance import Tolerance, Violation
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ __all__ = [
     "Judgement",
     "MissingKernel",
     "NotReproducible",
+    "NothingCompared",
     "OrtDiffDtypeWarning",
     "OrtRunError",
     "ToleranceBroken",
@@ -84,6 +85,11 @@ class CheckFailed(AssertionError):
 class ToleranceBroken(CheckFailed):
     """onnxruntime and the reference differ by more than the tolerance allows (`result`: a CheckResult,
     or a fuzz.FuzzResult holding the smallest failing case)."""
+
+
+class NothingCompared(ToleranceBroken):
+    """Every output was empty (a feed with a dim of 0): the check compared 0 elements, which is not a pass
+    (`result`: the CheckResult, whose judgements carry the violation naming the outputs and the empty feeds)."""
 
 
 class BaselineFailed(CheckFailed):
@@ -171,6 +177,8 @@ class CheckResult:
     closer: Literal["onnxruntime", "torch", "tie"] | None = None
     blame: BlameTable | None = None
     model: str = ""
+    #: outputs of a floating dtype the diff has no rules for (float8), compared as float32: "y float8_e4m3fn"
+    widened: tuple[str, ...] = ()
     #: lines the report adds about how onnxruntime ran (TF32 in play on a CUDA float32 failure, an IR
     #: version read as an older one)
     notes: tuple[str, ...] = ()
@@ -209,13 +217,25 @@ class CheckResult:
         for j in self.judgements:
             if j.passed:
                 continue
+            if not j.report.n:  # (a histogram of nothing would only look like a pass)
+                lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype}: compared 0 elements, not a pass")
+                lines += [f"  - {v}" for v in j.violations]
+                continue
             lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype}: tolerance broken ({self.tolerance.describe()})")
             lines += [f"  - {v}" for v in j.violations]
             lines.append(j.report.render())
         if not lines:
             lines.append(f"ortdiff: {self.judgements[0].title} {self.provider} {self.dtype}: passed ({self.tolerance.describe()})")
             lines.append(self.report.render())
-        extra = [self.closer_line() if not self.passed else None, self.ran_on_ort_line(), *self.notes, self.blame.render() if self.blame is not None else None]
+        empty = [_described(o) for o in _outputs_of(self.report) if not o.n] if self.report.n else []
+        extra = [
+            f"compared as the float32 values they hold (each value of theirs is one): {', '.join(self.widened)}" if self.widened else None,
+            f"empty in both runtimes (shapes compared, no values): {', '.join(empty)}" if empty else None,
+            self.closer_line() if not self.passed else None,
+            self.ran_on_ort_line(),
+            *self.notes,
+            self.blame.render() if self.blame is not None else None,
+        ]
         lines += [x for x in extra if x]
         return "\n".join(lines)
 
@@ -223,7 +243,13 @@ class CheckResult:
         """The summary rows of this check: one per judgement; the first that failed carries the blame table,
         if any (its top rows: `BlameTable.TOP`; with reference="float64", `[ort vs float64]` may have passed
         where `[torch vs float64]` failed)."""
-        rows = [row_for(j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort) for j in self.judgements]
+        rows = [
+            row_for(
+                j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort,
+                worst=None if j.report.n else "; ".join(str(v) for v in j.violations) or None,
+            )
+            for j in self.judgements
+        ]
         if self.blame is not None and rows:
             at = next((i for i, j in enumerate(self.judgements) if not j.passed), 0)
             rows[at] = replace(rows[at], blame=self.blame.to_dict(top=self.blame.TOP))
@@ -429,11 +455,14 @@ class Checker:
             _EVALUATORS.move_to_end(key)
             return cached[0]
         extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
+        grown = ResidentGrowth()
         ev = TorchEvaluator(
             model.proto, device=self.device, kernels=kernels, compute_dtype=torch.float64 if runtime == "float64" else None, check_model=False, **extra
         )
-        # an evaluator holds the model's weights as tensors: float64 copies for the oracle
-        _EVALUATORS[key] = (ev, model.nbytes * (2 if runtime == "float64" else 1))
+        # charged what it holds: the model's proto, and its weights decoded into tensors (float64 copies for the
+        # oracle): what building it made resident, at least their size
+        decoded = model.nbytes * (2 if runtime == "float64" else 1)
+        _EVALUATORS[key] = (ev, model.nbytes + max(decoded, grown.stop()))
         trim_cache(_EVALUATORS)
         return ev
 
@@ -476,16 +505,21 @@ class Checker:
         m = checked.proto
         _warn_other_dtype(m, self.dtype)
         names = [o.name for o in m.graph.output]
-        got, notes = self._run_ort(checked, feeds)
+        raw, notes = self._run_ort(checked, feeds)
         ev = self.evaluator(checked, runtime="torch", kernels=kernels, missing=missing)
         with self.options_in_force():  # (the evaluator's "ort" kernels make sessions too)
-            expected = ev.run(None, feeds)
+            expected_raw = ev.run(None, feeds)
+        got, widened = _widened(raw, names)
+        expected, _ = _widened(expected_raw, names)
         ran_on_ort = tuple(getattr(ev, "ops_run_by_ort", ()) or ())
         tol = self.tolerance_for(tolerance)
 
         def judge(title: str, a: Any, b: Any, suffix: str) -> Judgement:
             report = self.compare(a, b, tolerance=tol, names=names)
-            return Judgement(title, report, tuple(tol.check(report)), suffix)
+            violations = tuple(tol.check(report))
+            if not report.n:  # every output empty: nothing was compared, which must not read as a pass
+                violations += (_nothing_compared(report, feeds),)
+            return Judgement(title, report, violations, suffix)
 
         closer = None
         if reference == "torch":
@@ -493,7 +527,7 @@ class Checker:
         else:
             ev64 = self.evaluator(checked, runtime="float64", kernels=kernels, missing=missing)
             with self.options_in_force():
-                oracle = [o.to(t.dtype) for o, t in zip(ev64.run(None, feeds), expected, strict=True)]
+                oracle, _ = _widened([o.to(t.dtype) for o, t in zip(ev64.run(None, feeds), expected_raw, strict=True)], names)
             judgements = (
                 judge("float64 oracle vs onnxruntime", oracle, got, " [ort vs float64]"),
                 judge("float64 oracle vs torch evaluator", oracle, expected, " [torch vs float64]"),
@@ -505,13 +539,16 @@ class Checker:
             tolerance=tol,
             reference=reference,
             judgements=judgements,
-            outputs=dict(zip(names, got, strict=True)),
+            outputs=dict(zip(names, raw, strict=True)),
             ran_on_ort=ran_on_ort,
             closer=closer,
             model=m.graph.name,
+            widened=widened,
             notes=notes,
         )
         if not result.passed:
+            if not result.report.n:
+                raise NothingCompared(result.render(), result)  # (no blame: there is no gap to explain)
             if tf32_in_play(self.provider, self.dtype, self.effective_options()):
                 result = replace(result, notes=(*notes, tf32_line(self.effective_options())))
             if blame:
@@ -631,6 +668,44 @@ class Checker:
 
 # key -> (evaluator, its weights' bytes), bounded by bytes as onnxruntime's sessions are (selection.trim_cache)
 _EVALUATORS: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
+
+
+def _widened(values: Sequence[torch.Tensor], names: Sequence[str]) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+    """`values` with those of a floating dtype the diff has no rules for (float8: ULPs, tiny, default
+    tolerances) as float32, which holds each of their values exactly; and "name dtype" of each so widened."""
+    import torch
+
+    out, widened = [], []
+    for name, t in zip(names, values, strict=True):
+        if t.is_floating_point():
+            try:
+                dtype_of(t.dtype)
+            except (KeyError, ValueError):
+                widened.append(f"{name} {str(t.dtype).removeprefix('torch.')}")
+                t = t.to(torch.float32)
+        out.append(t)
+    return out, tuple(dict.fromkeys(widened))
+
+
+def _outputs_of(report: DiffReport) -> tuple[DiffReport, ...]:
+    """The per-output reports of a check's report (itself, for one output compared without its name)."""
+    return tuple(report.outputs) or (report,)
+
+
+def _described(report: DiffReport) -> str:
+    """"y float32[0x4]": an output's name, dtype and shape."""
+    return f"{report.name} {report.dtype}[{'x'.join(map(str, report.shape))}]".strip()
+
+
+def _nothing_compared(report: DiffReport, feeds: Mapping[str, Any]) -> Violation:
+    """The violation of a check whose every output is empty, naming them and the feeds with a dim of 0."""
+    outputs = ", ".join(_described(o).replace(" ", ": ", 1) for o in _outputs_of(report))
+    empty = [f"{name} {list(value.shape)}" for name, value in feeds.items() if 0 in tuple(getattr(value, "shape", ()))]
+    if empty:
+        why = f" for the feeds given (empty: {', '.join(empty)}); feed a non-empty input"
+    else:
+        why = " for the feeds given; feed inputs for which the model's outputs have elements"
+    return Violation("empty", f"compared 0 elements: every output is empty ({outputs}){why}")
 
 
 def _as_tolerance(tolerance: ToleranceLike) -> Tolerance:

@@ -201,8 +201,11 @@ def _read_cache(path: Path) -> tuple[Any, ...] | None:
 
 
 def _write_cache(path: Path, cases: tuple[Any, ...]) -> None:
-    # written aside and renamed into place, so that a concurrent reader (an xdist worker) never sees half a file
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    from .results import write_atomically
+
+    # written aside and renamed into place, so that a concurrent reader (an xdist worker) never sees half a
+    # file; the temporary is created exclusively under a random name, so a link planted at a predictable
+    # one (`<cache>.<pid>.tmp`) is never written through
     try:
         out = [_MAGIC]
         for case in cases:
@@ -215,13 +218,9 @@ def _write_cache(path: Path, cases: tuple[Any, ...]) -> None:
             meta["data_sets"] = sets
             for chunk in (json.dumps(meta).encode(), case.model.SerializeToString(), *chunks):
                 out += [struct.pack("<Q", len(chunk)), chunk]
-        with tmp.open("wb") as f:
-            f.write(b"".join(out))
-        os.replace(tmp, path)
+        write_atomically(path, b"".join(out))
     except Exception:  # a cache that cannot be written costs time, not correctness
         pass
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _op_name(node: Any) -> str:
@@ -558,8 +557,9 @@ def render(results: Sequence[CaseResult], *, verbose: bool = False) -> str:
 DESCRIPTION = (
     "Run ONNX's node test suite (onnx.backend.test.case.node, from the installed onnx) through the torch "
     "evaluator and print per op how many cases pass, compute a wrong value, are refused as unsupported, "
-    "have no kernel or raise. Exit status 1 when a case is wrong (and not in conformance.KNOWN_UNSUPPORTED) "
-    "or raises, 2 when no case is selected."
+    "have no kernel or raise; then onnxruntime's contrib ops (com.microsoft and its default-domain internal "
+    "ops: one-node cases across their attributes, our kernels against onnxruntime). Exit status 1 when a case "
+    "is wrong (and not in conformance.KNOWN_UNSUPPORTED) or raises, 2 when no case is selected."
 )
 
 
@@ -573,12 +573,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", action="append", help="only cases testing this op, e.g. Relu or ai.onnx.ml::LabelEncoder (repeat)")
     parser.add_argument("-k", "--pattern", help="only cases whose name matches this fnmatch pattern, e.g. 'test_clip_*'")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every case that does not pass, with why")
+    parser.add_argument(
+        "--suite",
+        choices=("all", "onnx", "contrib"),
+        default="all",
+        help="onnx: ONNX's node test suite; contrib: onnxruntime's contrib ops against onnxruntime; all (default): both",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Print the report; exit 1 when a case is wrong (not listed in KNOWN_UNSUPPORTED) or errors, 2 when
     none is selected or an --op names no op of the suite."""
     t0 = time.perf_counter()
+    suite = getattr(args, "suite", "all")
+    if suite == "contrib":
+        return _run_contrib(args, t0)
+    if suite == "all" and args.op and not args.pattern:
+        # an op of the contrib cases only: run those alone (the ONNX suite would call it unknown)
+        from .contrib_cases import all_cases
+
+        contrib_ops = {c.op for c in all_cases()}
+        if set(args.op) <= contrib_ops:
+            return _run_contrib(args, t0)
     unknown: list[str] = []
     if args.op:
         cases = load_cases()
@@ -599,9 +615,42 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"error: no case matches {' '.join(chosen)}" + "".join(f"; {h}" for h in hints), file=sys.stderr)
         return 2
     print(render(results, verbose=args.verbose))
-    print(f"\n({time.perf_counter() - t0:.1f} s, case generation included)")
     failed = any(r.status == "error" or (r.status == "wrong" and not known_reason(r.name)) for r in results)
+    if suite == "all":
+        print()
+        return max(int(failed), _run_contrib(args, t0, missing_ok=True))
+    print(f"\n({time.perf_counter() - t0:.1f} s, case generation included)")
     return 1 if failed else 0
+
+
+def _run_contrib(args: argparse.Namespace, t0: float, *, missing_ok: bool = False) -> int:
+    """The contrib ops' table (see pytest_ortdiff.contrib_cases); 1 when a case is wrong or errors, 2 when
+    none is selected (unless `missing_ok`: the ONNX suite ran)."""
+    from . import contrib_cases, progress
+
+    cases = contrib_cases.all_cases()
+    if args.op:
+        cases = [c for c in cases if c.op in args.op or c.op.split("::")[-1] in args.op]
+    if args.pattern:
+        cases = [c for c in cases if fnmatch.fnmatchcase(c.name, args.pattern)]
+    if not cases:
+        if missing_ok:
+            print(f"\n({time.perf_counter() - t0:.1f} s, case generation included)")
+            return 0
+        known = sorted({c.op for c in contrib_cases.all_cases()})
+        print(f"error: no contrib case matches; contrib ops: {', '.join(known) or 'none'}", file=sys.stderr)
+        return 2
+    results = []
+    with progress.bar(sum(len(c.providers) for c in cases), "contrib ops", unit="case", min_total=50) as shown:
+        for case in cases:
+            for provider in case.providers:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    results.append(contrib_cases.run_case(case, provider))
+                shown.update()
+    print(contrib_cases.render(results, verbose=args.verbose))
+    print(f"\n({time.perf_counter() - t0:.1f} s, case generation included)")
+    return 1 if any(r.status in ("wrong", "error") for r in results) else 0
 
 
 def _suggestions(name: str, ops: Sequence[str], n: int = 3) -> list[str]:

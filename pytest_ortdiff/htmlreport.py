@@ -23,7 +23,10 @@ from .results import (
     write_atomically,
 )
 
-__all__ = ["render", "write_html"]
+__all__ = ["GENERATOR", "render", "write_html"]
+
+#: in the head of every page this package writes: how --ortdiff-html knows a file it may write over
+GENERATOR = '<meta name="generator" content="pytest-ortdiff">'
 
 _ORT_VS_ORACLE = " [ort vs float64]"
 _TORCH_VS_ORACLE = " [torch vs float64]"
@@ -764,7 +767,7 @@ addEventListener('hashchange',ortdiffOpen);addEventListener('DOMContentLoaded',o
 
 _HEAD = (
     '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-    '<meta name="viewport" content="width=device-width,initial-scale=1">'
+    f'<meta name="viewport" content="width=device-width,initial-scale=1">{GENERATOR}'
     f"<title>pytest-ortdiff report</title><style>{_CSS}</style><script>{_JS}</script></head><body>"
 )
 _TAIL = "</body></html>\n"

@@ -21,7 +21,7 @@ from .providers import (
     torch_device,
 )
 from .results import SkipRow
-from .session import CASE_KEY, SKIP_KEY, RunResults
+from .session import CASE_KEY, SKIP_KEY, RunResults, foreign_report
 from .tolerance import Tolerance
 
 __all__ = ["_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
@@ -257,7 +257,24 @@ def _json_target(value: str, invocation_dir: Path, option: str = "--ortdiff-json
         raise pytest.UsageError(f"{option}={value}: {shown(parent)} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise pytest.UsageError(f"{option}={value}: cannot create files in {shown(parent)} (permission denied)")
+    why = foreign_report(target, "html" if option == "--ortdiff-html" else "json")
+    if why:
+        # (`--ortdiff-json tests/test_models.py`, a space for the `=`, names the module: it would be lost)
+        raise pytest.UsageError(
+            f"{option}={value}: {shown(target)} exists and {why}, so it is not overwritten: give the report a path "
+            f"of its own, e.g. {option}={example}, or remove the file first if it is to be replaced"
+        )
     return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two report paths end up as one file (`out/r` and `out/./r`, or links to one)."""
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -338,15 +355,15 @@ def pytest_configure(config: pytest.Config) -> None:
         dtypes=state.selection.dtypes,
     )
     results.hide_internal = not hasattr(config, "workerinput")
-    if results.html_path is not None and not hasattr(config, "workerinput"):
-        results.html_target = _json_target(results.html_path, config.invocation_params.dir, "--ortdiff-html", "reports/ortdiff.html")
-    if results.json_path is not None and not hasattr(config, "workerinput"):  # xdist workers never write it
-        results.json_target = _json_target(results.json_path, config.invocation_params.dir)
-        try:
-            if not config.getoption("help", False):  # (--help runs no session that would finish the file)
-                results.mark_running()
-        except OSError as exc:
-            raise pytest.UsageError(f"--ortdiff-json={results.json_path}: cannot write it: {exc.strerror or exc}") from None
+    if not hasattr(config, "workerinput"):  # xdist workers never write the reports
+        if results.html_path is not None:
+            results.html_target = _json_target(results.html_path, config.invocation_params.dir, "--ortdiff-html", "reports/ortdiff.html")
+        if results.json_path is not None:
+            results.json_target = _json_target(results.json_path, config.invocation_params.dir)
+        if results.json_target is not None and results.html_target is not None and _same_file(results.json_target, results.html_target):
+            raise pytest.UsageError(f"--ortdiff-json and --ortdiff-html name one file ({results.json_path}): give each report its own path")
+        if not config.getoption("help", False):  # (--help runs no session that would finish the files)
+            results.mark_running()
     config.stash[STATE] = state
     config.stash[RESULTS] = results
     selection.activate(state.selection)

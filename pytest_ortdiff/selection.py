@@ -3,12 +3,29 @@ models its caches keep. The plugin writes it at configure time; code that sees n
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["CACHE_ENV", "DEFAULT", "DEFAULT_CACHE_MB", "Selection", "activate", "cache_bytes", "current", "deactivate", "parse_cache_mb", "trim_cache"]
+__all__ = [
+    "CACHE_ENV",
+    "DEFAULT",
+    "DEFAULT_CACHE_MB",
+    "ResidentGrowth",
+    "Selection",
+    "activate",
+    "cache_bytes",
+    "charge",
+    "current",
+    "deactivate",
+    "parse_cache_mb",
+    "release_freed_memory",
+    "resident_bytes",
+    "trim_cache",
+]
 
 #: the environment variable that bounds each model cache (onnxruntime sessions, torch evaluators), in MiB
 CACHE_ENV = "ORTDIFF_CACHE_MB"
@@ -74,9 +91,68 @@ def cache_bytes() -> int:
 def trim_cache(cache: OrderedDict[K, tuple[Any, int]]) -> None:
     """Evict the least recently used entries of `cache` (key -> (value, size in bytes), most recent last)
     until their sizes fit `cache_bytes()`: bounded by bytes, since one large model weighs more than
-    dozens of small ones. The most recent entry always stays (it is in use)."""
+    dozens of small ones. The most recent entry always stays (it is in use). What the evicted entries held
+    goes back to the operating system, so that resident memory follows the cache, not its high-water mark."""
     limit = cache_bytes()
     total = sum(size for _, size in cache.values())
+    evicted = False
     while total > limit and len(cache) > 1:
         _, (_, size) = cache.popitem(last=False)
         total -= size
+        evicted = True
+    if evicted:
+        release_freed_memory()
+
+
+def charge(cache: OrderedDict[K, tuple[Any, int]], key: K, extra: int) -> None:
+    """Add `extra` bytes to what the entry `key` of `cache` is charged (memory it took after it was cached: an
+    onnxruntime session's arena on its first run), and trim the cache to its bound again."""
+    entry = cache.get(key)
+    if entry is not None and extra > 0:
+        cache[key] = (entry[0], entry[1] + extra)
+        trim_cache(cache)
+
+
+# -- resident memory ---------------------------------------------------------------------------------
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory in bytes (Linux's /proc/self/statm), None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's; other C libraries have none
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Give the pages the C heap holds free back to the operating system (glibc's malloc_trim; a no-op
+    elsewhere): freed sessions and tensors otherwise stay resident, and are what the next ones reuse.
+    Cheap: microseconds, even on a heap of gigabytes."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+class ResidentGrowth:
+    """How much resident memory grows from its creation to `stop()`: what the objects made in between hold.
+    The heap's free pages are returned before and after, so memory freed earlier and reused in between does
+    not hide the growth, and garbage freed in between does not count. 0 where resident memory cannot be read;
+    other threads' allocations in between count too (an estimate: callers charge at least what they know)."""
+
+    def __init__(self) -> None:
+        release_freed_memory()
+        self._before = resident_bytes()
+
+    def stop(self) -> int:
+        release_freed_memory()
+        after = resident_bytes()
+        return max(0, after - self._before) if after is not None and self._before is not None else 0

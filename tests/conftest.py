@@ -178,3 +178,25 @@ def xdist_args() -> list[str]:
     pytest.importorskip("xdist")
     return ["-n", "2", "-p", "xdist", "-p", "no:benchmark"]
 
+
+
+# -- faults ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _file_size_limit(nbytes: int) -> Iterator[None]:
+    """Writes of this process past `nbytes` of a file fail (EFBIG, after a short write), as on a full disk:
+    a real fault in the kernel, whatever code writes. Python ignores SIGXFSZ, so the write raises OSError."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@pytest.fixture
+def file_size_limit() -> Callable[[int], contextlib.AbstractContextManager[None]]:
+    """`with file_size_limit(1000): ...`: every file written past 1,000 bytes fails midway (OSError EFBIG)."""
+    return _file_size_limit

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -702,3 +703,116 @@ def test_stale_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
     B._CLEANED.discard(tmp_path.absolute())
     assert check_baseline(keep, torch.ones(2), test="t.py::t").passed
     assert not fresh.exists()
+
+
+# -- edited metadata (issue 29, item 9) ---------------------------------------------------------------
+
+
+def _two_outputs() -> dict[str, torch.Tensor]:
+    """A summarized output (100 elements above max_elements=16) and a stored one."""
+    return {"big": torch.linspace(-1, 1, 100), "small": torch.arange(4.0)}
+
+
+def _edited(path: Path, edit: Any) -> bytes:
+    """The baseline at `path` with its metadata edited by `edit(meta)` (its arrays as they are): the bytes."""
+    with np.load(io.BytesIO(path.read_bytes())) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(str(arrays.pop("__meta__")[()]))
+    edit(meta)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, __meta__=np.array(json.dumps(meta)), **arrays)
+    return buf.getvalue()
+
+
+def _setter(where: tuple[Any, ...], value: Any) -> Any:
+    def edit(meta: dict[str, Any]) -> None:
+        node = meta
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "named"),
+    [
+        (("outputs", "big", "sample_stride"), 0, "outputs['big'].sample_stride"),
+        (("outputs", "big", "sample_stride"), -1, "outputs['big'].sample_stride"),
+        (("outputs", "big", "sample_stride"), 10**9, "outputs['big'].sample_stride"),
+        (("outputs", "big", "sample_stride"), "x", "outputs['big'].sample_stride"),
+        (("outputs", "big", "sample_count"), 10**6, "outputs['big'].sample_count"),
+        (("outputs", "big", "quantiles"), {"0.5": "x"}, "outputs['big'].quantiles['0.5']"),
+        (("outputs", "big", "quantiles"), [0.5], "outputs['big'].quantiles"),
+        (("outputs", "big", "nan"), "many", "outputs['big'].nan"),
+        (("outputs", "small", "shape"), ["4"], "outputs['small'].shape[0]"),
+        (("outputs", "small", "dtype"), "float8_e4m3fn", "outputs['small'].dtype"),
+        (("outputs", "small", "stored"), 3, "outputs['small'].stored"),
+        (("environment",), ["onnxruntime", "1.31.0"], "environment"),
+        (("environment",), {"torch": {"version": 2}}, "environment['torch']"),
+        (("provider",), "NoSuchProvider", "provider"),
+        (("provider",), ["CPU"], "provider"),
+        (("name",), 7, "name"),
+        (("written_at",), {"when": 1}, "written_at"),
+        (("reference_report",), {"max_abs": "x"}, "reference_report"),
+        (("outputs",), [], "outputs"),
+    ],
+)
+def test_edited_metadata_is_a_corrupted_baseline_that_update_replaces(tmp_path: Path, where: tuple[Any, ...], value: Any, named: str) -> None:
+    path = write_baseline(tmp_path / "t.x.npz", _two_outputs(), test="t.py::t", name="x", max_elements=16, env=FAKE_ENV)
+    bad = _edited(path, _setter(where, value))
+    path.write_bytes(bad)
+    with pytest.raises(CorruptBaselineError, match=re.escape(f"metadata {named} is ")):
+        load_baseline(path)
+    out = check_baseline(path, _two_outputs(), test="t.py::t", name="x", max_elements=16)
+    assert (out.action, out.passed) == ("corrupted", False), out.message
+    assert f"metadata {named} is " in out.message and "--ortdiff-update-baselines" in out.message and "git checkout" in out.message
+    assert path.read_bytes() == bad
+    out = check_baseline(path, _two_outputs(), test="t.py::t", name="x", max_elements=16, update=True)
+    assert (out.action, out.passed) == ("replaced corrupted", True)
+    assert check_baseline(path, _two_outputs(), test="t.py::t", name="x", max_elements=16).action == "unchanged"
+
+
+#: values an edit may leave in any field of the metadata
+HOSTILE = [0, -1, 1, 10**9, 10**30, 2.5, float("nan"), True, None, "", "x", "float32", "CPU", [], [1], ["x"], {}, {"a": 1}, {"0.5": "x"}]
+
+
+def _paths(node: Any, where: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every field of the metadata (nested ones too), as key paths."""
+    out = [where] if where else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _paths(v, (*where, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _paths(v, (*where, i))
+    return out
+
+
+def test_any_edit_of_the_metadata_is_corrupted_or_harmless_and_update_replaces_it(tmp_path: Path) -> None:
+    """Hypothesis: any field (at any depth) set to any of HOSTILE values: check_baseline never raises; it says
+    the file is corrupted (and leaves it), or the edit does not matter; with update the check passes and the
+    file is whole again."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    path = write_baseline(tmp_path / "t.x.npz", _two_outputs(), test="t.py::t", name="x", max_elements=16, env=FAKE_ENV)
+    good = path.read_bytes()
+    with np.load(io.BytesIO(good)) as npz:
+        fields = _paths(json.loads(str(npz["__meta__"][()])))
+
+    @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(fields), st.sampled_from(HOSTILE))
+    def edit(where: tuple[Any, ...], value: Any) -> None:
+        path.write_bytes(good)
+        bad = _edited(path, _setter(where, value))
+        path.write_bytes(bad)
+        out = check_baseline(path, _two_outputs(), test="t.py::t", name="x", max_elements=16)
+        assert out.action in ("corrupted", "unchanged"), (where, value, out.message)
+        if out.action == "corrupted":
+            assert path.read_bytes() == bad and "--ortdiff-update-baselines" in out.message
+        fixed = check_baseline(path, _two_outputs(), test="t.py::t", name="x", max_elements=16, update=True)
+        assert fixed.passed and fixed.action in ("replaced corrupted", "unchanged"), (where, value, fixed.message)
+        assert check_baseline(path, _two_outputs(), test="t.py::t", name="x", max_elements=16).action == "unchanged"
+
+    edit()

@@ -997,3 +997,18 @@ def test_one_helper_thread_gives_the_serial_table_on_a_real_export(exporter: str
     assert [r.to_dict() for r in one.op_rows] == [r.to_dict() for r in serial.op_rows]
     assert one.first_divergence == serial.first_divergence and one.oracle == serial.oracle
     assert one.culprit.node == serial.culprit.node
+
+
+def test_graph_notes_in_a_full_temporary_directory_cost_the_notes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29, item 11 (the same fault in blame): the notes read onnxruntime's loaded graph from a temporary
+    directory; when none can be made there are no notes, and no OSError in place of the blame table."""
+    import errno
+    import tempfile
+
+    from pytest_ortdiff.blame import ort_graph_notes
+
+    def full(*args: Any, **kwargs: Any) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    assert ort_graph_notes(models.fp16_hazards("softmax")) == []

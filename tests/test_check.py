@@ -220,3 +220,173 @@ def test_session_and_evaluator_caches_are_bounded_by_bytes(monkeypatch: pytest.M
     monkeypatch.setenv("ORTDIFF_CACHE_MB", "lots")
     with pytest.raises(ValueError, match=r"\$ORTDIFF_CACHE_MB: expected a number of MiB such as 512 \(0: keep only the latest model\), got 'lots'"):
         checker.run(_weights_model(8), feeds)
+
+
+# -- a check that compared nothing (issue 29, item 7) -----------------------------------------------------
+
+
+def _relu2(second: str = "w") -> onnx.ModelProto:
+    """y = Relu(x) of shape (n, 4), z = Relu(w) of shape (m, 2)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", [second], ["z"])],
+        "relu2",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4]), helper.make_tensor_value_info("w", TensorProto.FLOAT, ["m", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4]), helper.make_tensor_value_info("z", TensorProto.FLOAT, ["m", 2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+EMPTY = "compared 0 elements: every output is empty (y: float32[0x4], z: float32[0x2]) for the feeds given (empty: x [0, 4], w [0, 2]); feed a non-empty input"
+
+
+@pytest.mark.parametrize("reference", ["torch", "float64"])
+def test_a_check_that_compared_nothing_fails(reference: str) -> None:
+    from pytest_ortdiff.check import NothingCompared
+
+    checker = Checker("CPU", "float32")
+    with pytest.raises(NothingCompared) as info:
+        checker.check(_relu2(), {"x": torch.zeros(0, 4), "w": torch.zeros(0, 2)}, reference=reference)  # type: ignore[arg-type]
+    assert isinstance(info.value, ToleranceBroken)  # (caught as a broken check wherever one is)
+    result = info.value.result
+    assert not result.passed and all(not j.passed for j in result.judgements)
+    assert [str(v) for v in result.violations] == [EMPTY] * len(result.judgements)
+    assert str(info.value).splitlines()[:2] == [f"ortdiff: {result.judgements[0].title} CPU float32: compared 0 elements, not a pass", f"  - {EMPTY}"]
+    for row in result.rows():
+        assert (row.passed, row.max_abs, row.worst) == (False, None, EMPTY)
+
+
+def test_outputs_empty_in_both_runtimes_beside_others_are_compared_by_shape_and_named() -> None:
+    """An output empty for these feeds (no detection in this image) while another has elements: the check judges
+    the elements there are, the empty output's shape must agree, and the report names it."""
+    result = Checker("CPU", "float32").check(_relu2(), {"x": torch.zeros(0, 4), "w": torch.ones(3, 2)})
+    assert result.passed and result.report.n == 6
+    assert "empty in both runtimes (shapes compared, no values): y float32[0x4]" in result.render()
+
+
+def test_compare_on_an_empty_feed_exits_1_saying_nothing_was_compared(cli: Callable[..., Any], tmp_path: Path) -> None:
+    onnx.save(_relu2(), str(tmp_path / "relu2.onnx"))
+    np.savez(tmp_path / "x.npz", x=np.zeros((0, 4), np.float32), w=np.zeros((0, 2), np.float32))
+    out = cli("compare", "relu2.onnx", "--feeds", "x.npz", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "passed" not in out.stdout
+    assert "ortdiff: torch evaluator vs onnxruntime CPU float32: compared 0 elements, not a pass" in out.stdout
+    assert EMPTY in out.stdout
+
+
+# -- models onnx.checker passes that the check tripped on (issue 29, item 12) ------------------------------
+
+
+def _one_output_twice() -> onnx.ModelProto:
+    """y = Relu(x), listed twice among the graph's outputs (onnx.checker accepts it)."""
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "twice", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])], [y, y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _float8_output() -> onnx.ModelProto:
+    """y = Cast(Relu(x), to=FLOAT8E4M3FN): a float8 output."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT8E4M3FN)],
+        "f8",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [2, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+RELU_OFF = {("", "Relu"): lambda x: torch.relu(x) + 0.5}
+
+
+def test_an_output_listed_twice_is_run_and_compared() -> None:
+    model, feeds = _one_output_twice(), {"x": torch.linspace(-1, 1, 8).reshape(2, 4)}
+    want = torch.relu(feeds["x"])
+    got = OrtRunner(model).run(None, feeds)
+    assert len(got) == 2 and all(torch.equal(t, want) for t in got)  # one per graph output, as the evaluator gives
+    checker = Checker("CPU", "float32")
+    for runtime in ("ort", "torch", "float64"):
+        outs = checker.run(model, feeds, runtime=runtime)  # type: ignore[arg-type]
+        assert len(outs) == 2 and all(torch.equal(t.float(), want) for t in outs), runtime
+    result = checker.check(model, feeds)
+    assert result.passed and list(result.outputs) == ["y"] and result.report.n == 8
+    with pytest.raises(ToleranceBroken) as info:
+        checker.check(model, feeds, kernels=RELU_OFF)
+    assert info.value.result.report.max_abs == pytest.approx(0.5)
+
+
+def test_a_float8_output_is_compared_as_the_float32_values_it_holds() -> None:
+    model, feeds = _float8_output(), {"x": torch.linspace(-2, 2, 8).reshape(2, 4)}
+    checker = Checker("CPU", "float32")
+    result = checker.check(model, feeds, reference="float64")
+    assert result.passed and result.report.n == 8
+    assert result.outputs["y"].dtype == torch.float8_e4m3fn  # (onnxruntime's outputs as they are)
+    assert "compared as the float32 values they hold (each value of theirs is one): y float8_e4m3fn" in result.render()
+    with pytest.raises(ToleranceBroken) as info:
+        checker.check(model, feeds, kernels=RELU_OFF)
+    assert info.value.result.report.max_abs >= 0.4  # (0.5, then rounded to float8)
+
+
+@pytest.mark.parametrize("build", [_one_output_twice, _float8_output], ids=["output-listed-twice", "float8-output"])
+def test_compare_runs_models_that_onnx_checker_passes(cli: Callable[..., Any], tmp_path: Path, build: Callable[[], onnx.ModelProto]) -> None:
+    onnx.save(build(), str(tmp_path / "m.onnx"))
+    out = cli("compare", "m.onnx", cwd=tmp_path)
+    assert (out.returncode, out.stderr) == (0, ""), out.stdout + out.stderr
+    assert "passed (atol=0.0001 rtol=0.0001)" in out.stdout and "output 'y'" in out.stdout
+
+
+# -- the caches' bound in resident memory (issue 29, item 14) ----------------------------------------------
+
+#: a fresh interpreter (its resident memory is this script's alone): N distinct models with an 8 MiB weight, each
+#: checked against the float64 oracle (an onnxruntime session, a torch evaluator and the oracle cached per model);
+#: prints the resident MiB after the warm-up and the most after any model
+RSS_SCRIPT = """
+import json, os, sys
+import numpy as np, torch
+from onnx import TensorProto, helper, numpy_helper
+from pytest_ortdiff import Checker
+
+def resident_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+def model(seed):
+    w = numpy_helper.from_array(np.random.RandomState(seed).randn(1024, 2048).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], f"m{seed}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2048])], [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+checker, feeds = Checker("CPU", "float32"), {"x": torch.randn(1, 1024)}
+for seed in (1000, 1001):  # (libraries, kernels and allocators warm up)
+    checker.check(model(seed), feeds, reference="float64")
+base = peak = resident_mib()
+for seed in range(int(sys.argv[1])):
+    checker.check(model(seed), feeds, reference="float64")
+    peak = max(peak, resident_mib())
+print(json.dumps({"base": base, "peak": peak}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads resident memory from /proc/self/statm")
+def test_the_caches_hold_the_resident_memory_they_are_configured_for(tmp_path: Path) -> None:
+    """24 distinct 8 MiB models with ORTDIFF_CACHE_MB=64 (two caches: sessions, evaluators): resident memory grows
+    by at most the two bounds and 64 MiB for the check in progress. Before the fix it grew by 2.5x the bounds
+    (a session holds the model's bytes and onnxruntime's copy of its weights, an evaluator the proto and the
+    decoded weights; and memory freed by an eviction stayed resident)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rss.py"
+    script.write_text(RSS_SCRIPT)
+    env = {**os.environ, "ORTDIFF_CACHE_MB": "64", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script), "24"], env=env, capture_output=True, text=True, timeout=600, check=True)
+    mib = json.loads(out.stdout.strip().splitlines()[-1])
+    grown = mib["peak"] - mib["base"]
+    assert grown <= 2 * 64 + 64, f"resident memory grew by {grown:.0f} MiB with two caches of 64 MiB ({mib})"

@@ -234,3 +234,26 @@ def test_case_cache_round_trips_without_pickle(tmp_path: Any) -> None:
 
     path.write_bytes(pickle.dumps(some[:1]))
     assert conformance._read_cache(path) is None
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "symlink"), reason="needs symlinks")
+def test_case_cache_is_never_written_through_a_planted_symlink(tmp_path: Any) -> None:
+    """Issue 29, item 13: someone who can create files in the cache directory plants a link at the name the
+    writer used to take (`<cache>.<pid>.tmp`, and a few other guesses): the file it points to is untouched, the
+    cache is written whole, and no temporary file stays behind."""
+    import os
+
+    cases = conformance.load_cases()
+    some = tuple(c for c in cases if c.name == "test_relu")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    path = tmp_path / "cases.onnxcases"
+    planted = [f"{path.name}.{os.getpid()}.tmp", f".{path.name}.tmp", f"{path.name}.tmp"]
+    for name in planted:
+        os.symlink(victim, tmp_path / name)
+    conformance._write_cache(path, some)
+    assert victim.read_text() == "precious"
+    assert not path.is_symlink() and path.read_bytes().startswith(b"ortdiff-node-cases-1")
+    back = conformance._read_cache(path)
+    assert back is not None and [c.name for c in back] == ["test_relu"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*planted, path.name, victim.name])

@@ -503,7 +503,7 @@ def test_key_naming_nothing_lists_node_names(m32: onnx.ModelProto) -> None:
 
 
 def test_invalid_value_lists_valid_values(m32: onnx.ModelProto) -> None:
-    with pytest.raises(ValueError, match=re.escape("kernels['matmul'] = 'cuda' is not valid; ") + r".*values: \"torch\", \"ort\", \"float64\", \"float32\", \"float16\", \"bfloat16\" or a callable"):
+    with pytest.raises(ValueError, match=re.escape("kernels['matmul'] = 'cuda' is not valid; ") + r".*values: \"torch\", \"ort\", \"float64\", \"float32\", \"float16\", \"bfloat16\", a Kernel subclass or a callable"):
         TorchEvaluator(m32, kernels={"matmul": "cuda"})
 
 

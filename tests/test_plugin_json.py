@@ -241,7 +241,7 @@ def test_json_write_failure_is_reported_and_leaves_no_tmp(pytester: pytest.Pytes
 
 def test_json_rewrite_keeps_no_tmp(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
-    (pytester.path / "job.json").write_text("old")
+    (pytester.path / "job.json").write_text('{"results": [], "skips": []}')  # (an earlier run's, of an early version)
     pytester.runpytest("--ortdiff-json=job.json").assert_outcomes(passed=1)
     assert json.loads((pytester.path / "job.json").read_text())["tests"][0]["outcome"] == "passed"
     assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith("job")) == ["job.json"]
@@ -410,14 +410,14 @@ def test_the_json_file_is_never_written_through_a_symlink(pytester: pytest.Pytes
     link at the report's own name nor at a temporary name is followed."""
     import os
 
-    victim = pytester.path / "victim.txt"
-    victim.write_text("precious")
+    victim = pytester.path / "victim.json"
+    victim.write_text('{"results": [], "skips": []}')  # (a report: a link to anything else is a usage error)
     os.symlink(victim, pytester.path / "job.json")
     for name in ("job.json.tmp", ".job.json.tmp", "job.json~", ".job.json.swp"):
         os.symlink(victim, pytester.path / name)
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
     pytester.runpytest("--ortdiff-json=job.json").assert_outcomes(passed=1)
-    assert victim.read_text() == "precious"
+    assert victim.read_text() == '{"results": [], "skips": []}'
     target = pytester.path / "job.json"
     assert not target.is_symlink() and json.loads(target.read_text())["tests"][0]["outcome"] == "passed"
     assert oct(target.stat().st_mode & 0o777) == oct(0o644)
@@ -466,3 +466,145 @@ def test_summary_fits_the_terminal_and_says_a_missing_baseline_failed_the_test(p
     result.stdout.fnmatch_lines(["ortdiff: wrote 2 check results, 2 test outcomes, 2 baseline results to job.json"])
     baselines = json.loads((pytester.path / "job.json").read_text())["baselines"]
     assert [(b["action"], b["passed"], b["max_abs"], b["message"].splitlines()[0][:22]) for b in baselines] == [("missing", False, None, "ortdiff: no baseline '")] * 2
+
+
+# -- a report path that holds something else; the HTML of a killed run (issue 29, items 1 and 6) ---------------
+
+MODULE = "def test_a(ortdiff):\n    pass\n"  # (with a provider x dtype case: the HTML report lists it)
+#: the head of an HTML report written before reports carried their generator marker
+LEGACY_HTML = '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1"><title>pytest-ortdiff report</title><style></style></head><body>old</body></html>'
+
+
+@pytest.mark.parametrize("option", ["--ortdiff-json", "--ortdiff-html"])
+def test_a_report_path_holding_a_test_module_is_a_usage_error(pytester: pytest.Pytester, option: str) -> None:
+    """`pytest --ortdiff-json test_models.py` (a space instead of `=`): the option takes the module as its path;
+    the run stops before any test with the path and the fix, and the module is untouched byte for byte."""
+    pytester.makepyfile(test_models=MODULE)
+    before = (pytester.path / "test_models.py").read_bytes()
+    result = pytester.runpytest(option, "test_models.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"*{option}=test_models.py: test_models.py exists and is not a report written by pytest-ortdiff, "
+            f"so it is not overwritten: give the report a path of its own, e.g. {option}=*"
+        ]
+    )
+    assert "passed" not in result.stdout.str()
+    assert (pytester.path / "test_models.py").read_bytes() == before
+    assert sorted(p.name for p in pytester.path.iterdir() if p.name.endswith(".tmp")) == []
+
+
+@pytest.mark.parametrize(
+    ("option", "name", "content"),
+    [
+        ("--ortdiff-json", "job.json", '{"name": "my settings", "results": 3}'),
+        ("--ortdiff-json", "job.json", "not json"),
+        ("--ortdiff-json", "job.json", b"\x89PNG\r\n\x1a\n\x00\x00"),
+        ("--ortdiff-html", "r.html", "<!DOCTYPE html><html><title>my page</title></html>"),
+        # our JSON is not an HTML report (nor the other way round): a CI job's results are not written over
+        ("--ortdiff-html", "r.html", '{\n "schema": 3,\n "complete": true,\n "results": []}'),
+        ("--ortdiff-json", "job.json", LEGACY_HTML),
+    ],
+    ids=["json-of-another-tool", "text", "binary", "html-of-another-tool", "our-json-as-html", "our-html-as-json"],
+)
+def test_a_report_path_holding_a_foreign_file_is_a_usage_error(pytester: pytest.Pytester, option: str, name: str, content: str | bytes) -> None:
+    pytester.makepyfile(test_a=MODULE)
+    target = pytester.path / name
+    target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    result = pytester.runpytest(f"{option}={name}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{option}={name}: {name} exists and is not a report written by pytest-ortdiff*"])
+    assert target.read_bytes() == (content if isinstance(content, bytes) else content.encode())
+
+
+@pytest.mark.parametrize(
+    ("option", "name", "content"),
+    [
+        ("--ortdiff-json", "job.json", ""),
+        ("--ortdiff-json", "job.json", '{"results": [], "skips": []}'),  # the first versions' file (schema 1)
+        ("--ortdiff-json", "job.json", '{\n "schema": 9,\n "complete": true,\n "results": []\n}'),  # a newer version's
+        ("--ortdiff-html", "r.html", ""),
+        ("--ortdiff-html", "r.html", LEGACY_HTML),
+    ],
+    ids=["empty-json", "schema-1-json", "newer-json", "empty-html", "legacy-html"],
+)
+def test_a_report_of_ours_is_replaced(pytester: pytest.Pytester, option: str, name: str, content: str) -> None:
+    pytester.makepyfile(test_a=MODULE)
+    (pytester.path / name).write_text(content)
+    result = pytester.runpytest(f"{option}={name}")
+    result.assert_outcomes(passed=1)
+    text = (pytester.path / name).read_text()
+    assert ('"outcome": "passed"' in text) if option == "--ortdiff-json" else ("test_a" in text and "did not finish" not in text)
+    # and the report written is one of ours: the next run replaces it again
+    pytester.runpytest(f"{option}={name}").assert_outcomes(passed=1)
+
+
+def test_one_path_for_both_reports_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_a=MODULE)
+    result = pytester.runpytest("--ortdiff-json=out/r", "--ortdiff-html=out/./r")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--ortdiff-json and --ortdiff-html name one file (out/r): give each report its own path*"])
+    assert not (pytester.path / "out").exists()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "symlink"), reason="needs symlinks")
+def test_a_report_path_linked_to_a_foreign_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    import os
+
+    pytester.makepyfile(test_a=MODULE)
+    before = (pytester.path / "test_a.py").read_bytes()
+    os.symlink("test_a.py", pytester.path / "job.json")
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--ortdiff-json=job.json: job.json exists and is not a report written by pytest-ortdiff*"])
+    assert (pytester.path / "job.json").is_symlink() and (pytester.path / "test_a.py").read_bytes() == before
+
+
+def test_a_killed_run_never_leaves_the_previous_green_html_report(pytester: pytest.Pytester) -> None:
+    """Item 6: the HTML report is replaced by an "incomplete run" page when the run starts, so a run killed with
+    SIGKILL leaves that page, never the previous run's green report; a run that finishes writes its report."""
+    pytester.makepyfile(test_a=MODULE)
+    pytester.runpytest("--ortdiff-html=r.html").assert_outcomes(passed=1)
+    green = (pytester.path / "r.html").read_bytes()
+    assert b"test_a" in green
+    pytester.makepyfile(test_a="import os, signal\n\ndef test_a(ortdiff):\n    assert False\n\ndef test_b():\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    result = pytester.runpytest_subprocess("--ortdiff-html=r.html", "-p", "no:cacheprovider")
+    assert result.ret == -9  # (killed: it wrote nothing at its end)
+    page = (pytester.path / "r.html").read_text()
+    assert page.encode() != green and "test_a" not in page
+    assert "<title>pytest-ortdiff report: run did not finish</title>" in page
+    assert re.search(r"The pytest run that writes this report started \S+ \S+ UTC \(pid \d+\) and did not finish", page), page
+    assert '<meta name="generator" content="pytest-ortdiff">' in page
+    assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith(("r.", ".r."))) == ["r.html"]
+    # a run that finishes replaces the page with its report
+    pytester.makepyfile(test_a=MODULE)
+    pytester.runpytest("--ortdiff-html=r.html").assert_outcomes(passed=1)
+    report = (pytester.path / "r.html").read_text()
+    assert "test_a" in report and "did not finish" not in report
+
+
+def test_a_check_on_an_empty_feed_fails_the_test_and_its_summary_row(pytester: pytest.Pytester) -> None:
+    """Issue 29, item 7: ortdiff.check with torch.zeros(0, 4) compared 0 elements: the test fails saying so, and
+    its summary row and JSON row read failed, with no numbers."""
+    pytester.makepyfile(
+        test_empty="""
+        import torch
+        from onnx import TensorProto, helper
+
+        def test_empty(ortdiff):
+            graph = helper.make_graph(
+                [helper.make_node("Relu", ["x"], ["y"])], "g",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+            )
+            ortdiff.check(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), {"x": torch.zeros(0, 4)})
+        """
+    )
+    result = pytester.runpytest("--ortdiff-json=job.json")
+    result.assert_outcomes(failed=1)
+    why = "compared 0 elements: every output is empty (y: float32[0x4]) for the feeds given (empty: x [0, 4]); feed a non-empty input"
+    glob = re.sub(r"([\[\]])", r"[\1]", why)
+    result.stdout.fnmatch_lines(["*OrtDiffFailure: ortdiff: torch evaluator vs onnxruntime CPU float32: compared 0 elements, not a pass", f"*- {glob}"])
+    result.stdout.fnmatch_lines([f"test_empty.py::test_empty[[]CPU-float32[]] * CPU * float32 * -  * - * {glob}  failed"])
+    (row,) = json.loads((pytester.path / "job.json").read_text())["results"]
+    assert (row["passed"], row["outcome"], row["max_abs"], row["worst"]) == (False, "failed", None, why)

@@ -406,3 +406,68 @@ def test_check_half_precision_fails_with_the_audit_and_the_keep_list(
             "*SKIPPED*check_half_precision converts a float32 model to float16 or bfloat16; this case is float32*"
         ]
     )
+
+
+def test_write_converted_under_a_full_disk_keeps_the_model_that_was_there(
+    softmax_case: Any, tmp_path: Any, file_size_limit: Any
+) -> None:
+    """Issue 29, item 2: the write fails midway (the file-size limit, as a full disk): the model that was at
+    the path survives byte for byte, and no temporary file stays; without the fault the new model replaces it."""
+    import errno
+
+    _, _, report = softmax_case
+    out = tmp_path / "half.onnx"
+    old = b"the model that was there\n" * 100
+    out.write_bytes(old)
+    assert report.converted_model is not None
+    with file_size_limit(report.converted_model.ByteSize() // 2), pytest.raises(OSError) as caught:
+        report.write_converted(out)
+    assert caught.value.errno in (errno.EFBIG, errno.ENOSPC)
+    assert out.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half.onnx"]
+    assert report.write_converted(out) == out
+    assert onnx.load(str(out)) == report.converted_model
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half.onnx"]
+
+
+@contextmanager
+def _full_temporary_directory(file_size_limit: Any) -> Iterator[None]:
+    """Files written inside a tempfile.TemporaryDirectory fail past 64 bytes (as in a full temporary directory):
+    onnxruntime cannot write the graph it loads there, the fault issue 29's item 11 hit."""
+    import tempfile
+
+    real = tempfile.TemporaryDirectory
+
+    @contextmanager
+    def full(*args: Any, **kwargs: Any) -> Iterator[str]:
+        with real(*args, **kwargs) as tmp, file_size_limit(64):
+            yield tmp
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, "TemporaryDirectory", full)
+        yield
+
+
+NOT_TOLD = "not told whether onnxruntime's CPU provider computes some float16 nodes in float32: reading the graph it loads needs a file in the temporary directory, which failed ("
+
+
+def test_a_full_temporary_directory_costs_a_note_not_the_search(softmax_case: Any, file_size_limit: Any) -> None:
+    """Issue 29, item 11: the note on onnxruntime's float32 upcasts needs a temporary file; when it cannot be
+    written the note says so in a line, and the search's result is the one found without the fault."""
+    model, feeds, report = softmax_case
+    with _full_temporary_directory(file_size_limit):
+        degraded = keep_float32(model, feeds, tolerance=TOL)
+    assert (degraded.status, degraded.keep, degraded.converted_model) == (report.status, report.keep, report.converted_model)
+    (note,) = [n for n in degraded.notes if n.startswith("not told")]
+    assert note.startswith(NOT_TOLD) and note.endswith("); free space there or point TMPDIR elsewhere to have this note")
+    assert f"note: {note}" in degraded.render()
+
+
+def test_precision_command_with_a_full_temporary_directory_prints_the_list(cli: Any, tmp_path: Any, file_size_limit: Any) -> None:
+    path = tmp_path / "softmax.onnx"
+    onnx.save(models.fp16_hazards("softmax", dtype="float32"), str(path))
+    with _full_temporary_directory(file_size_limit):
+        result = cli("precision", str(path), "--dim", "batch=2", "--dim", "n=64", "--samples", "2", "--budget", "0.01:0.01,0.1:0")
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert "keep in float32: 3 nodes, 1-minimal" in result.stdout and "status: verified" in result.stdout
+    assert f"note: {NOT_TOLD}" in result.stdout

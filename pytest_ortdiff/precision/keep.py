@@ -180,13 +180,17 @@ class KeepReport:
         return self._converted
 
     def write_converted(self, path: str | Path) -> Path:
-        """Saves `converted_model` to `path` (ValueError when there is none, saying why)."""
+        """Saves `converted_model` to `path` (ValueError when there is none, saying why), atomically: a
+        full disk or a killed process leaves the file that was at `path` as it was, never half a model."""
+        from ..results import write_atomically
+
         if self._converted is None:
             raise ValueError(
                 f"no converted model to write: the search ended {self.status!r} ({self.minimality})"
             )
         out = Path(path)
-        onnx.save(self._converted, str(out))
+        # serialized before anything is touched: a model protobuf cannot encode fails here
+        write_atomically(out, self._converted.SerializeToString())
         return out
 
     def result(self, method: str) -> ListResult:
@@ -1095,6 +1099,24 @@ def _ort_upcasts(converted: onnx.ModelProto, half: str) -> tuple[int, int, tuple
     return len(upcast), len(before), tuple(sorted(set(upcast.values())))
 
 
+def _upcast_notes(converted: onnx.ModelProto, half: str, *, always: bool = False) -> tuple[str, ...]:
+    """The note on the float16 nodes onnxruntime's CPU provider computes in float32 (when there are any, or
+    `always`); when that cannot be told — the graph onnxruntime loads is read back from a temporary file, and
+    the temporary directory may be full or unwritable — a short note saying so instead: an optional note is
+    never worth the finished search's result."""
+    try:
+        upcast, total, ops = _ort_upcasts(converted, half)
+    except Exception as exc:  # whatever onnxruntime, the file system or onnx.load raise: the note only is lost
+        text = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)).strip()
+        why = (text.splitlines()[0] if text else type(exc).__name__)[:200]
+        return (
+            "not told whether onnxruntime's CPU provider computes some float16 nodes in float32: reading the graph "
+            f"it loads needs a file in the temporary directory, which failed ({why}); free space there or point "
+            "TMPDIR elsewhere to have this note",
+        )
+    return (_upcast_note(upcast, total, ops, "of the converted model"),) if upcast or always else ()
+
+
 def _upcast_note(upcast: int, total: int, ops: Sequence[str], what: str) -> str:
     shown = ", ".join(ops[:8]) + (", ..." if len(ops) > 8 else "")
     return (
@@ -1326,11 +1348,9 @@ def keep_float32(
         )[0]
     )
     results.append(result("no list", "the converter's defaults", ())[0])
-    notes = []
+    notes: list[str] = []
     if checker.provider == "CPU" and half == "float16" and converted_ours is not None:
-        upcast, total, ops = _ort_upcasts(converted_ours, half)
-        if upcast:
-            notes.append(_upcast_note(upcast, total, ops, "of the converted model"))
+        notes += _upcast_notes(converted_ours, half)
     if half == "bfloat16":
         notes.append(
             "bfloat16 keeps float32's range: overflow is float16's problem, bfloat16's is rounding (8 significant bits)"
@@ -1458,7 +1478,7 @@ def check_conversion(
     )
     notes: tuple[str, ...] = ()
     if checker.provider == "CPU" and half == "float16" and ort.passed and not arith.passed:
-        notes = (_upcast_note(*_ort_upcasts(converted, half), "of the converted model"),)
+        notes = _upcast_notes(converted, half, always=True)
     verdict = ConversionCheck(half, checker.provider, checker.tolerance, (ort, arith), notes=notes)
     if verdict.passed or not search:
         return verdict

@@ -28,12 +28,12 @@ from .tf32 import ieee_float32
 
 __all__ = ["EvaluatorContext", "KernelOverride", "MissingKernelError", "Subgraph", "TorchEvaluator"]
 
-KernelOverride = Any  # "torch" | "ort" | "float64" | "float32" | "float16" | "bfloat16" | Callable[..., Tensor | tuple[Tensor, ...]]
+KernelOverride = Any  # "torch" | "ort" | "float64" | "float32" | "float16" | "bfloat16" | type[Kernel] | Callable[..., Tensor | tuple[Tensor, ...]]
 #: `TorchEvaluator.run(observe=...)`: called with each node and its outputs as they are computed
 Observer = Callable[[onnx.NodeProto, Mapping[str, Any]], None]
 #: override values that compute a node in another floating dtype (its floating outputs cast back)
 _COMPUTE_IN = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_KEY_HELP = 'keys: an op type ("", "LayerNormalization"), a node name, or a predicate f(node) -> bool; values: "torch", "ort", "float64", "float32", "float16", "bfloat16" or a callable f(*inputs)'
+_KEY_HELP = 'keys: an op type ("", "LayerNormalization"), a node name, or a predicate f(node) -> bool; values: "torch", "ort", "float64", "float32", "float16", "bfloat16", a Kernel subclass or a callable f(*inputs)'
 # Every torch op passes through autograd's dispatch layers (Autograd, ADInplaceOrView) even when nothing
 # needs a gradient: about a sixth of a small op's time. A run no gradient can flow through dispatches below
 # them (the tensors it makes are ordinary tensors, unlike inference_mode's). torch's private guard, looked
@@ -619,6 +619,16 @@ class _ModelFacts:
                 types.setdefault(init.name, t)
         return types, elements
 
+    @functools.cached_property
+    def constants(self) -> frozenset[str]:
+        """The values that are constant in the model: initializers (of bodies too) and Constant outputs,
+        as onnxruntime holds them (OrtKernel gives them to the ops that prepack them)."""
+        names: set[str] = set()
+        for g in iter_graphs(self.model.graph):
+            names.update(i.name for i in g.initializer)
+            names.update(n.output[0] for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output)
+        return frozenset(names)
+
     def declared_torch_dtype(self, name: str, elements: bool = False) -> torch.dtype | None:
         types, element_types = self.types
         t = types.get(name)
@@ -987,6 +997,8 @@ class TorchEvaluator:
                     if k is not None:
                         return k
                 return cls(node, ctx)
+        if isinstance(override, type) and issubclass(override, Kernel):
+            return override(node, ctx)  # a kernel class of the user's (or a variant of ours), built as the registry's
         if callable(override):
             return _CallableKernel(node, ctx, override)
         cls = lookup(domain, node.op_type, ctx.opset)
@@ -1014,7 +1026,12 @@ class TorchEvaluator:
     def _ort_kernel(self, node: onnx.NodeProto, ctx: KernelContext) -> Kernel:
         from .ort_kernel import OrtKernel
 
-        return OrtKernel(node, ctx, self.opsets, self._facts.value_types)
+        return OrtKernel(node, ctx, self.opsets, self._facts.value_types, constants=self._facts.constants)
+
+    @property
+    def constants(self) -> frozenset[str]:
+        """The names of the model's constant values: initializers (of bodies too) and Constant outputs."""
+        return self._facts.constants
 
     @property
     def value_types(self) -> Mapping[str, onnx.TypeProto.Tensor]:

@@ -35,7 +35,7 @@ from ..providers import (
     tf32_in_play,
     unavailable_reason,
 )
-from ..selection import trim_cache
+from ..selection import ResidentGrowth, charge, trim_cache
 from .tensors import to_numpy, to_torch
 
 if TYPE_CHECKING:
@@ -257,6 +257,8 @@ class OrtRunner:
         #: the file onnxruntime opens (a model with external data), else None: it takes the bytes
         self.model_path: str | None = None
         self._external_bytes = 0
+        #: the cache key of the session this runner created and cached, until its first run is charged
+        self._uncharged: tuple[Any, ...] | None = None
         external = _external_data(self.model_bytes)
         if external:
             # the folder onnxruntime reads the data from: the model file's, or for bytes the one the session
@@ -302,10 +304,16 @@ class OrtRunner:
                 _SESSIONS.move_to_end(key)
                 sess, self.notes = cached[0]
                 return sess
+        grown = ResidentGrowth()
         sess = self._create()
+        # charged what it holds: the model's bytes (onnxruntime's Python session keeps them), and what creating it
+        # made resident (onnxruntime's own copy of the weights, external data included, and prepacked weights);
+        # its first run adds its arena (`run`)
+        cost = len(self.model_bytes) + max(self._external_bytes, grown.stop())
         with _LOCK:
-            _SESSIONS[key] = ((sess, self.notes), len(self.model_bytes) + self._external_bytes)
+            _SESSIONS[key] = ((sess, self.notes), cost)
             trim_cache(_SESSIONS)
+        self._uncharged = key
         return sess
 
     def _create(self) -> Any:
@@ -415,9 +423,21 @@ class OrtRunner:
         check_feeds(self._specs, feeds)  # the one feed check (names, dtypes, ranks, fixed dims) everyone uses
         import onnxruntime
 
+        # a graph may list one output twice (onnx.checker allows it); a binding holds each name once
+        unique = list(dict.fromkeys(names))
+        first, self._uncharged = self._uncharged, None
+        grown = ResidentGrowth() if first is not None else None
         if hasattr(onnxruntime.OrtValue, "from_dlpack"):
-            return self._run_bound(sess, names, feeds)
-        return self._run_numpy(sess, names, feeds)
+            outs = self._run_bound(sess, unique, feeds)
+        else:
+            outs = self._run_numpy(sess, unique, feeds)
+        if first is not None and grown is not None:  # a cached session's first run: its arena stays with it (the outputs go to the caller)
+            with _LOCK:
+                charge(_SESSIONS, first, grown.stop() - sum(t.numel() * t.element_size() for t in outs if t.device.type == "cpu"))
+        if len(unique) == len(names):
+            return outs
+        by_name = dict(zip(unique, outs, strict=True))
+        return [by_name[name] for name in names]
 
     def _shapeless_inputs(self, specs: dict[str, InputSpec]) -> dict[str, InputSpec]:
         """onnxruntime reports an input declared without a shape as [], as it does a scalar: the model's own

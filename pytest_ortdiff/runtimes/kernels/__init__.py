@@ -28,6 +28,7 @@ from . import (  # noqa: F401  (registration)
 )
 from .base import (
     REGISTRY,
+    Departure,
     Kernel,
     KernelContext,
     UnsupportedVariantError,
@@ -36,4 +37,4 @@ from .base import (
     lookup,
 )
 
-__all__ = ["REGISTRY", "Kernel", "KernelContext", "UnsupportedVariantError", "kernel", "known_ops", "lookup"]
+__all__ = ["REGISTRY", "Departure", "Kernel", "KernelContext", "UnsupportedVariantError", "kernel", "known_ops", "lookup"]

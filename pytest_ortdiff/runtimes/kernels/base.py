@@ -17,7 +17,7 @@ import torch
 from ...dtypes import DType
 from ..tensors import from_onnx_tensor
 
-__all__ = ["REGISTRY", "Kernel", "KernelContext", "UnsupportedVariantError", "kernel", "lookup"]
+__all__ = ["REGISTRY", "Departure", "Kernel", "KernelContext", "UnsupportedVariantError", "kernel", "lookup"]
 
 
 class UnsupportedVariantError(NotImplementedError):
@@ -48,6 +48,16 @@ class KernelContext:
         elif onnx_type is not None:
             t = t.to(self.torch_dtype(onnx_type))
         return t if t.device == self.device else t.to(self.device)
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Where onnxruntime's kernel for a node departs from the op's meaning on purpose (int8 activations, an
+    approximation): what it does, in words a report can print, and a kernel computing the node as
+    onnxruntime does, so that the cost of the choice is measured against the meaning."""
+
+    what: str
+    kernel: Kernel
 
 
 class Kernel:
@@ -87,6 +97,11 @@ class Kernel:
 
         Whenever the callable returns, it returns `run(*inputs)[0]` bit for bit; when it raises, the
         evaluator calls `run`, whose fallbacks or error decide. None (the default): `run` runs."""
+        return None
+
+    def departure(self) -> Departure | None:
+        """How onnxruntime departs from the op's meaning on this node on purpose (None, the default: it
+        does not, as far as this kernel knows); blame measures the departure kernel where the node is blamed."""
         return None
 
     def for_context(self, ctx: KernelContext) -> Kernel | None:

@@ -38,6 +38,7 @@ __all__ = [
     "QuantizeLinear24",
     "QuantizeLinear25",
     "dequantize",
+    "dynamic_quantize_uint8",
     "expand_param",
     "float8_cast",
     "integer_range",
@@ -399,19 +400,28 @@ class DequantizeLinear25(DequantizeLinear):
     """Adds int2/uint2."""
 
 
+def dynamic_quantize_uint8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x quantized to uint8 over its whole range, as DynamicQuantizeLinear (and onnxruntime's
+    DynamicQuantizeMatMul) do: (y, scale, zero point), scale = (max(0, max x) - min(0, min x)) / 255 and
+    zero point = round(clip(-min / scale)), in float32 (float64 for a float64 x); scale and zero point
+    0-d, the scale in float32 or float64."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(compute)
+    zero = torch.zeros((), dtype=compute, device=x.device)
+    hi = torch.maximum(zero, xf.max()) if xf.numel() else zero
+    lo = torch.minimum(zero, xf.min()) if xf.numel() else zero
+    # all zeros: scale 1.0, as onnxruntime (and the comment in onnx.reference, whose code gives 1/255)
+    scale = torch.where(hi == lo, torch.ones_like(hi), (hi - lo) / 255.0)
+    zp = torch.round((0.0 - lo / scale).clamp(0.0, 255.0))
+    y = (torch.round(xf / scale) + zp).clamp(0.0, 255.0)
+    return y.to(torch.uint8), scale, zp.to(torch.uint8)
+
+
 @kernel("DynamicQuantizeLinear", since=11)
 class DynamicQuantizeLinear(Kernel):
     """uint8 with scale = (max(0, max x) - min(0, min x)) / 255 and zero point = round(clip(-min / scale)),
     in float32 as onnxruntime and onnx.reference compute it (float64 in the oracle)."""
 
     def run(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        xf = x.to(compute)
-        zero = torch.zeros((), dtype=compute, device=x.device)
-        hi = torch.maximum(zero, xf.max()) if xf.numel() else zero
-        lo = torch.minimum(zero, xf.min()) if xf.numel() else zero
-        # all zeros: scale 1.0, as onnxruntime (and the comment in onnx.reference, whose code gives 1/255)
-        scale = torch.where(hi == lo, torch.ones_like(hi), (hi - lo) / 255.0)
-        zp = torch.round((0.0 - lo / scale).clamp(0.0, 255.0))
-        y = (torch.round(xf / scale) + zp).clamp(0.0, 255.0)
-        return y.to(torch.uint8), scale.to(x.dtype), zp.to(torch.uint8)
+        y, scale, zp = dynamic_quantize_uint8(x)
+        return y, scale.to(x.dtype), zp

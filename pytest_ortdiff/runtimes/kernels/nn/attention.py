@@ -11,7 +11,7 @@ import torch
 from ....dtypes import DType
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-__all__ = ['Attention', 'Attention25', 'LinearAttention', 'RotaryEmbedding']
+__all__ = ['Attention', 'Attention25', 'LinearAttention', 'RotaryEmbedding', 'rotate']
 
 
 _EPSILON_DEFAULT = torch.tensor(1e-5, dtype=torch.float32).item()
@@ -81,18 +81,26 @@ class RotaryEmbedding(Kernel):
         # The function body slices the gathered caches to dim / 2 columns.
         cos = cos[..., :half].unsqueeze(head_axis)
         sin = sin[..., :half].unsqueeze(head_axis)
-        x_rot, x_pass = xh[..., :rot], xh[..., rot:]
-        if self.interleaved:
-            x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
-        else:
-            x1, x2 = x_rot[..., :half], x_rot[..., half:]
-        real = cos * x1 - sin * x2
-        imag = sin * x1 + cos * x2
-        if self.interleaved:
-            rotated = torch.stack((real, imag), dim=-1).flatten(-2)
-        else:
-            rotated = torch.cat((real, imag), dim=-1)
-        return (torch.cat((rotated, x_pass), dim=-1).reshape(x.shape),)
+        return (rotate(xh, cos, sin, rot, self.interleaved).reshape(x.shape),)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+    """The first `rotary_dim` channels of x's last axis rotated by angles whose cos/sin broadcast to
+    [..., rotary_dim / 2], as halves (x1 = first half, x2 = second) or interleaved pairs (x1 = even
+    channels, x2 = odd); the other channels pass through. Shared by onnx's and onnxruntime's rotary ops."""
+    half = rotary_dim // 2
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    if interleaved:
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+    else:
+        x1, x2 = x_rot[..., :half], x_rot[..., half:]
+    real = cos * x1 - sin * x2
+    imag = sin * x1 + cos * x2
+    if interleaved:
+        rotated = torch.stack((real, imag), dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat((real, imag), dim=-1)
+    return torch.cat((rotated, x_pass), dim=-1)
 
 
 @kernel("Attention", since=23)
