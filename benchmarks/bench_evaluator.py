@@ -307,6 +307,9 @@ def bench_gpu(repeat: int) -> None:
     exports, each timed with a device synchronisation, and how far apart the outputs are (max |diff| over
     the output's scale: IEEE float32 on both sides should agree as the CPU ones do, ~1e-6)."""
     import real_graphs
+    from bench_diff import (
+        timed as synced,  # (the median of timed runs, each ended by a device synchronisation)
+    )
 
     from pytest_ortdiff.providers import unavailable_reason
 
@@ -336,19 +339,8 @@ def bench_gpu(repeat: int) -> None:
                 scale = float(z_ours.double().pow(2).mean().sqrt()) or 1.0
                 gap = float((z_ours.double() - z_ort.double()).abs().max()) / scale
 
-                def timed_ms(fn: Callable[[], object]) -> float:
-                    fn()
-                    sync()
-                    times = []
-                    for _ in range(repeat):
-                        t0 = time.perf_counter()
-                        fn()
-                        sync()
-                        times.append(time.perf_counter() - t0)
-                    return statistics.median(times)
-
-                t_ours = timed_ms(partial(ours.run, None, feeds))
-                t_ort = timed_ms(partial(runner.run, None, feeds))
+                t_ours = synced(partial(ours.run, None, feeds), repeat, sync)
+                t_ort = synced(partial(runner.run, None, feeds), repeat, sync)
                 ratios.append(t_ours / t_ort)
                 label = f"{name}/{exporter}/{dtype}"
                 print(f"{label:<24} {len(model.graph.node):6d} {t_ours * 1e3:9.3f} {t_ort * 1e3:9.3f} {t_ours / t_ort:9.2f} {gap:13.2e}", flush=True)
