@@ -479,15 +479,20 @@ class OrtRunner:
     def _to_torch(self, value: Any, declared: torch.dtype | None = None) -> torch.Tensor:
         # zero copy where this onnxruntime's OrtValue speaks DLPack; a host round trip otherwise
         if hasattr(value, "__dlpack__") and (declared is None or declared not in _DLPACK_REFUSED_OUT):
-            t = torch.from_dlpack(value)
-            if declared is None or t.dtype == declared:
-                return t
-            if declared == torch.bool and t.dtype == torch.uint8:
-                # onnxruntime 1.31 exports bool as uint8 (its bytes are 0 or 1): the model's dtype, no copy
-                return t.view(torch.bool)
-            _DLPACK_REFUSED_OUT.add(declared)  # any other change of dtype: the host copy, from now on
+            try:
+                t = torch.from_dlpack(value)
+            except Exception:  # (1.31 exports no float8: "GetDlpackDataType ... Unexpected data type of 17")
+                if declared is not None:
+                    _DLPACK_REFUSED_OUT.add(declared)
+            else:
+                if declared is None or t.dtype == declared:
+                    return t
+                if _same_bits(t, declared):
+                    return t.view(declared)  # (1.31 exports bool as uint8: the model's dtype, no copy)
+                _DLPACK_REFUSED_OUT.add(declared)  # any other change of dtype: the host copy, from now on
         t = to_torch(value.numpy(), self.device if self.device.type == "cuda" else None)
-        return t.view(torch.bool) if declared == torch.bool and t.dtype == torch.uint8 else t
+        # (1.31 hands float8 back as its uint8 bits, bool as uint8)
+        return t.view(declared) if declared is not None and t.dtype != declared and _same_bits(t, declared) else t
 
     def _run_numpy(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         np_feeds = {k: to_numpy(v) for k, v in feeds.items()}
@@ -520,14 +525,24 @@ def _ortvalue(t: torch.Tensor, dev: str, index: int) -> Any:
     return onnxruntime.OrtValue.ortvalue_from_numpy(to_numpy(t), dev, index)
 
 
+def _same_bits(t: torch.Tensor, declared: torch.dtype) -> bool:
+    """`t` holds `declared`'s values as the bits of an integer type of its size (uint8 for bool or a float8)."""
+    if declared == torch.bool:
+        return t.dtype == torch.uint8
+    return declared.is_floating_point and not t.is_floating_point() and t.dtype != torch.bool and t.element_size() == declared.itemsize
+
+
 def _declared_torch_dtype(type_str: str) -> torch.dtype | None:
     """The torch dtype of onnxruntime's type string "tensor(float16)" (None for other types)."""
     if not type_str.startswith("tensor("):
         return None
+    name = type_str[len("tensor(") : -1]
     try:
-        return parse_dtype(type_str[len("tensor(") : -1]).torch
+        return parse_dtype(name).torch
     except (ValueError, KeyError):
-        return None
+        # onnxruntime's "float8e4m3fn" is torch's float8_e4m3fn (where this torch has it)
+        found = getattr(torch, name.replace("float8", "float8_"), None) if name.startswith("float8") else None
+        return found if isinstance(found, torch.dtype) else None
 
 
 # onnxruntime's type strings of the dtypes whose DLPack import is checked (a wrong element type is caught)
