@@ -33,7 +33,10 @@ Targets (from the issue): at most 2 µs per node for TorchEvaluator on the chain
 costs about 1 µs per op), at most 1.2x onnxruntime's time on the seed-000 graph, and a median of at most
 2x onnxruntime (no graph optimizations) over the real-architecture graphs.
 
-    python benchmarks/bench_evaluator.py [--quick] [--repeat N] [--only chain|seed|real ...] [--threads N] [--clock wall|cpu]
+4. With a CUDA device (and onnxruntime's CUDA provider): the same exports, ours on CUDA
+   against onnxruntime CUDA with use_tf32=0, and how far apart their outputs are.
+
+    python benchmarks/bench_evaluator.py [--quick] [--repeat N] [--only chain|seed|real|gpu ...] [--threads N] [--clock wall|cpu]
 
 Ratios, not seconds, are what to compare between machines; no test asserts on them.
 """
@@ -298,6 +301,53 @@ def bench_real(repeat: int) -> None:
     print(f"median ours / onnxruntime(no optimizations): {median:.2f}x (target <= 2): {'met' if median <= 2 else 'MISSED'}")
 
 
+def bench_gpu(repeat: int) -> None:
+    """With a CUDA device and onnxruntime's CUDA provider: ours on CUDA (IEEE float32) / onnxruntime CUDA
+    (use_tf32=0, as the tests compare them; graph optimizations at their default) on the real-architecture
+    exports, each timed with a device synchronisation, and how far apart the outputs are (max |diff| over
+    the output's scale: IEEE float32 on both sides should agree as the CPU ones do, ~1e-6)."""
+    import real_graphs
+    from bench_diff import (
+        timed as synced,  # (the median of timed runs, each ended by a device synchronisation)
+    )
+
+    from pytest_ortdiff.providers import unavailable_reason
+
+    reason = unavailable_reason("CUDA")
+    if reason:
+        print(f"\n4. GPU: skipped ({reason})")
+        return
+    sync = torch.cuda.synchronize
+    print(f"\n4. real-architecture graphs on {torch.cuda.get_device_name()}: ours (cuda) / onnxruntime CUDA (use_tf32=0), medians of {repeat}")
+    head = f"{'graph':<24} {'nodes':>6} {'ours ms':>9} {'ort ms':>9} {'ours/ort':>9} {'|diff|/scale':>13}"
+    print(head)
+    print("-" * len(head))
+    ratios = []
+    for name in real_graphs.GRAPHS:
+        for exporter in ("dynamo", "torchscript"):
+            for dtype in ("float32",):  # (real_graphs exports float32; tests/real_models.py has float16 twins)
+                model = real_graphs.export(name, exporter)
+                feeds = {k: v.cuda() for k, v in real_graphs.feeds(name, *REAL_SHAPE).items()}
+                ours = TorchEvaluator(model, device="cuda")
+                runner = OrtRunner(model, provider="CUDA", provider_options={"use_tf32": 0})
+                try:
+                    (z_ours,) = ours.run(None, feeds)
+                    (z_ort,) = runner.run(None, feeds)
+                except Exception as exc:
+                    print(f"{name}/{exporter}/{dtype}: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
+                    continue
+                scale = float(z_ours.double().pow(2).mean().sqrt()) or 1.0
+                gap = float((z_ours.double() - z_ort.double()).abs().max()) / scale
+
+                t_ours = synced(partial(ours.run, None, feeds), repeat, sync)
+                t_ort = synced(partial(runner.run, None, feeds), repeat, sync)
+                ratios.append(t_ours / t_ort)
+                label = f"{name}/{exporter}/{dtype}"
+                print(f"{label:<24} {len(model.graph.node):6d} {t_ours * 1e3:9.3f} {t_ort * 1e3:9.3f} {t_ours / t_ort:9.2f} {gap:13.2e}", flush=True)
+    if ratios:
+        print(f"median ours (cuda) / onnxruntime CUDA: {statistics.median(ratios):.2f}x")
+
+
 def load() -> str:
     """The load average, since other processes on the machine skew every timing here."""
     try:
@@ -311,7 +361,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 repeats instead of 9 (chain: 7 instead of 21)")
     ap.add_argument("--repeat", type=int, default=None, help="repeats of the seed-000 graph (the chain takes 2N+3)")
-    ap.add_argument("--only", choices=("chain", "seed", "real"), action="append", help="run only these parts (repeatable)")
+    ap.add_argument("--only", choices=("chain", "seed", "real", "gpu"), action="append", help="run only these parts (repeatable); gpu: with a CUDA device, by default")
     ap.add_argument(
         "--clock", choices=("wall", "cpu"), default="wall",
         help="what a timing measures: wall time (default) or the process's CPU time, which other processes' load does not inflate (use with --threads 1)",
@@ -342,6 +392,8 @@ def main() -> None:
         bench_seed(repeat)
     if "real" in parts:
         bench_real(2 * repeat + 3)
+    if ("gpu" in parts or not args.only) and torch.cuda.is_available():
+        bench_gpu(2 * repeat + 3)
     print(f"load average at end: {load()}")
 
 

@@ -33,7 +33,7 @@ DIMS = {"batch": 4, "n": 64}
 # float32, as a T5 float16 conversion does) the test reports XPASS(strict) and fails until the marker is removed.
 # The failure report is in the "ortdiff reports" section with --ortdiff-reports, and the summary table
 # shows the two rows of each float16 case: [ort vs float64] passed, [torch vs float64] failed.
-@pytest.mark.ortdiff(dtypes=["float32", "float16"])
+@pytest.mark.ortdiff(dtypes=["float32", "float16"], provider_options={"CUDA": {"use_tf32": 0}})
 @pytest.mark.parametrize("kind", models.fp16_hazards.kinds)
 def test_fp16_hazard_against_the_float64_oracle(ortdiff, kind, request):
     if ortdiff.dtype == "float16":

@@ -18,7 +18,7 @@ from pytest_ortdiff import models
 TOLERANCE = {"float32": {"atol": 1e-4, "rtol": 1e-4}, "float16": {"atol": 1e-2, "rtol": 1e-2}}
 
 
-@pytest.mark.ortdiff(dtypes=["float32", "float16"])
+@pytest.mark.ortdiff(dtypes=["float32", "float16"], provider_options={"CUDA": {"use_tf32": 0}})
 def test_fuzz_llama_attention(ortdiff):
     stats = ortdiff.fuzz(
         models.llama_attention,
@@ -33,7 +33,7 @@ def test_fuzz_llama_attention(ortdiff):
 
 # The fused opset-23 graph (RotaryEmbedding + Attention): onnxruntime's own kernels for these ops
 # against our torch kernels.
-@pytest.mark.ortdiff(dtypes=["float32"])
+@pytest.mark.ortdiff(dtypes=["float32"], provider_options={"CUDA": {"use_tf32": 0}})
 def test_fuzz_fused_llama_attention(ortdiff):
     def fused(dtype, **dims):
         return models.llama_attention(dtype=dtype, opset=23, fused=True, **dims)

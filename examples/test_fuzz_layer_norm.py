@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pytest_ortdiff import models, strategies
 
 
-@pytest.mark.ortdiff(dtypes=["float32", "float16"])
+@pytest.mark.ortdiff(dtypes=["float32", "float16"], provider_options={"CUDA": {"use_tf32": 0}})
 def test_fuzz_layer_norm_shapes(ortdiff):
     stats = ortdiff.fuzz(
         models.layer_norm_matmul_add,
@@ -27,7 +27,7 @@ def test_fuzz_layer_norm_shapes(ortdiff):
 # The same with @given directly. The ortdiff fixture keeps no per-example state that could leak between
 # examples (a check records one summary row per test, the worst), so hypothesis's function-scoped
 # fixture health check can be suppressed safely.
-@pytest.mark.ortdiff(dtypes=["float32"])
+@pytest.mark.ortdiff(dtypes=["float32"], provider_options={"CUDA": {"use_tf32": 0}})
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None, max_examples=25)
 @given(dims=strategies.dims(models.layer_norm_matmul_add, c=(1, 512)), seed=st.integers(0, 2**16))
 def test_given_style(ortdiff, dims, seed):

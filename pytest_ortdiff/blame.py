@@ -43,11 +43,20 @@ from .model_io import (
     serialized,
     too_large,
 )
-from .providers import KNOWN, parse_provider, torch_device
+from .providers import (
+    KNOWN,
+    TF32_OPS,
+    options_in_force,
+    parse_provider,
+    tf32_in_play,
+    tf32_line,
+    torch_device,
+)
 from .results import closer_to_oracle
 from .runtimes.evaluator import MissingKernelError, TorchEvaluator
 from .runtimes.ort import OrtRunner
 from .runtimes.ort_kernel import CONSTANT_SENSITIVE, OrtKernel
+from .runtimes.tf32 import ieee_float32
 from .tolerance import Tolerance
 
 __all__ = ["BlameRow", "BlameTable", "ScopeBlame", "blame", "node_key", "node_scope", "ort_intermediates"]
@@ -90,6 +99,8 @@ class BlameRow:
     skipped: bool = False
     scope: str = ""
     exact: bool = True
+    #: onnxruntime ran this node's float32 math with TF32 allowed (CUDA, use_tf32=1, a GEMM or convolution)
+    tf32: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -227,7 +238,7 @@ class BlameTable(Sequence[BlameRow]):
         shown = self.rows if len(self.rows) <= top + 1 else self.rows[:top]
         head = ("node", "op", "explained", "vs ort", "vs torch", "local abs", "local ulp", "drift abs", "vs f64 abs", "vs f64 ulp")
         body = [
-            (r.node, r.op_type, f"{r.explained * 100:.0f} %" if r.exact else f"~{r.explained * 100:.0f} %", g(r.vs_ort), g(r.vs_torch), g(r.local_max_abs), g(r.local_max_ulp), g(r.drift_max_abs), g(r.oracle_max_abs), g(r.oracle_max_ulp))
+            (r.node, f"{r.op_type} (TF32)" if r.tf32 else r.op_type, f"{r.explained * 100:.0f} %" if r.exact else f"~{r.explained * 100:.0f} %", g(r.vs_ort), g(r.vs_torch), g(r.local_max_abs), g(r.local_max_ulp), g(r.drift_max_abs), g(r.oracle_max_abs), g(r.oracle_max_ulp))
             for r in shown
         ]
         lines += _table(head, body)
@@ -766,8 +777,8 @@ def _local_outputs(
     constants: dict[int, tuple[Any, ...]] = {}
     for i in picked:
         value = _constant_value(graph.nodes[i])
-        if value is not None:
-            constants[i] = (value,)
+        if value is not None:  # (decoded on the host: on the torch run's device, as the value it stands for)
+            constants[i] = (value.to(graph.kernels[i].ctx.device),)
     picked = [i for i in picked if i not in constants]
     session = _combined_session(m, graph, picked, provider, known, vals) if picked else None
     if vals is None:
@@ -1110,6 +1121,19 @@ class _Swapper:
         return [get(o, base_get(o)) for o in self.outputs]
 
 
+def _in_ieee_float32(fn: Callable[..., BlameTable]) -> Callable[..., BlameTable]:
+    """`fn` (provider= keyword) run with the torch side in IEEE float32 on the provider's device: blame runs
+    kernels one by one outside TorchEvaluator.run, which sets it for its own runs."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> BlameTable:
+        with ieee_float32(torch_device(parse_provider(kwargs.get("provider", "CPU")))):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@_in_ieee_float32
 def blame(
     model: Any,
     feeds: Mapping[str, Any],
@@ -1450,6 +1474,10 @@ def blame(
             member_drifts = [r.drift_max_abs for r in members if r.drift_max_abs is not None]
             op_rows.append(BlameRow(op, op, explained, vs_ort, vs_torch, local_abs, local_ulp, max(member_drifts) if member_drifts else None, o_abs, o_ulp, skipped=skipped, exact=exact))
 
+        options = options_in_force(provider)
+        if tf32_in_play(provider, label, options):  # (the rows onnxruntime may have computed in TF32 say so)
+            rows = [replace(r, tf32=True) if r.op_type in TF32_OPS else r for r in rows]
+            op_rows = [replace(r, tf32=True) if r.op_type in TF32_OPS else r for r in op_rows]
         rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp))  # stable: graph order among equals
         op_rows.sort(key=lambda r: -r.explained)
         clock.lap("rows")
@@ -1457,6 +1485,8 @@ def blame(
         # float16 value there is nothing to note, and no session to build for it
         has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in torch_all.values())
         notes = _named_notes(named, large_file, keys, provider) if has_fp16 and not gap.is_exact else []
+        if any(r.tf32 for r in rows):
+            notes.append("(TF32) rows: " + tf32_line(options).removeprefix("note: "))
         clock.lap("onnxruntime graph notes")
         if not gap.is_exact:
             notes += _departure_notes(graph, torch_all, local, keys)

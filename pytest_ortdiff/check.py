@@ -4,6 +4,7 @@ returning typed results and raising domain exceptions that the fixture turns int
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import warnings
@@ -15,7 +16,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .dtypes import dtype_of
 from .model_io import CheckedModel, check_feeds, check_model, compute_dtype, load_model, model_path
-from .providers import KNOWN, parse_provider, torch_device
+from .providers import (
+    KNOWN,
+    option_values,
+    parse_provider,
+    provider_options_in_force,
+    tf32_in_play,
+    tf32_line,
+    torch_device,
+)
 from .results import CheckRow, closer_to_oracle
 from .selection import ResidentGrowth, trim_cache
 from .tolerance import Tolerance, Violation
@@ -170,7 +179,8 @@ class CheckResult:
     model: str = ""
     #: outputs of a floating dtype the diff has no rules for (float8), compared as float32: "y float8_e4m3fn"
     widened: tuple[str, ...] = ()
-    #: what the gate did to accept the model (CheckedModel.notes), one short line each
+    #: lines the report adds, one short line each: what the gate did to accept the model (CheckedModel.notes),
+    #: how onnxruntime ran it (an IR version read as an older one; TF32 in play on a CUDA float32 failure)
     notes: tuple[str, ...] = ()
     #: why the blame table asked for is not there (blame itself failed): the report comes all the same
     blame_error: str | None = None
@@ -333,14 +343,22 @@ class Checker:
     MissingKernelError (unless `missing="ort"`); onnxruntime refusing the model, OrtRunError.
     """
 
-    def __init__(self, provider: str, dtype: str, *, tolerance: ToleranceLike = None) -> None:
+    def __init__(self, provider: str, dtype: str, *, tolerance: ToleranceLike = None, provider_options: Mapping[str, Any] | None = None) -> None:
         self.provider = parse_provider(provider)
         self.dtype = dtype_of(dtype).short
         self._tolerance_spec = _as_tolerance(tolerance)  # (unresolved: a model computing in another dtype is judged in it)
         self.tolerance = self._tolerance_spec.for_dtype(self.dtype)
+        #: onnxruntime's options for this provider, as deployed (e.g. {"use_tf32": 0} on CUDA): every session
+        #: this checker makes takes them (blame's, reproducible's, the evaluator's "ort" kernels' too)
+        self.provider_options = option_values(self.provider, provider_options or {}, "Checker(provider_options=...)")
 
     def __repr__(self) -> str:
-        return f"Checker(provider={self.provider!r}, dtype={self.dtype!r}, tolerance={self.tolerance.describe()!r})"
+        options = f", provider_options={self.provider_options!r}" if self.provider_options else ""
+        return f"Checker(provider={self.provider!r}, dtype={self.dtype!r}, tolerance={self.tolerance.describe()!r}{options})"
+
+    def options_in_force(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which every onnxruntime session made for this provider takes this checker's options."""
+        return provider_options_in_force({self.provider: self.provider_options} if self.provider_options else {})
 
     @property
     def device(self) -> str:
@@ -405,7 +423,14 @@ class Checker:
         checked = self.prepare(model, feeds)
         if runtime == "ort":
             return self.run_ort(checked, feeds, output_names)
-        return list(self.evaluator(checked, runtime=runtime, kernels=kernels, missing=missing).run(output_names, feeds))
+        with self.options_in_force():
+            return list(self.evaluator(checked, runtime=runtime, kernels=kernels, missing=missing).run(output_names, feeds))
+
+    def effective_options(self) -> dict[str, str]:
+        """The options onnxruntime's sessions for this provider take now: those in force, this checker's over them."""
+        from .providers import options_in_force
+
+        return {**options_in_force(self.provider), **self.provider_options}
 
     def oracle(
         self,
@@ -421,12 +446,20 @@ class Checker:
         return self.run(model, feeds, runtime="float64", output_names=output_names, kernels=kernels, missing=missing)
 
     def run_ort(self, model: CheckedModel, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> list[torch.Tensor]:
-        """onnxruntime's outputs for a checked model (sessions are cached per model and provider)."""
+        """onnxruntime's outputs for a checked model (sessions are cached per model, provider and options)."""
+        __tracebackhide__ = True  # pytest shows the caller's line, not ours
+        return self._run_ort(model, feeds, output_names)[0]
+
+    def _run_ort(self, model: CheckedModel, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+        """onnxruntime's outputs, and the notes a report adds about how it ran them."""
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
         from .runtimes.ort import OrtRunner, UnsupportedByProviderError
 
         try:
-            return OrtRunner(model.source or model.proto, provider=self.provider).run(output_names, feeds)
+            with self.options_in_force():
+                runner = OrtRunner(model.source or model.proto, provider=self.provider)
+                outputs = runner.run(output_names, feeds)
+            return outputs, runner.notes
         except UnsupportedByProviderError as exc:
             raise UnsupportedByProvider(self.provider, self.dtype, exc.op, str(exc)) from None
         except Exception as exc:
@@ -444,7 +477,8 @@ class Checker:
 
         from .runtimes.evaluator import TorchEvaluator
 
-        key = (model.digest, self.device, runtime, _kernels_key(kernels), missing)
+        # (its "ort" kernels keep the sessions they make: one evaluator per provider options)
+        key = (model.digest, self.device, runtime, _kernels_key(kernels), missing, tuple(sorted(self.effective_options().items())))
         cached = _EVALUATORS.get(key)
         if cached is not None:
             _EVALUATORS.move_to_end(key)
@@ -501,9 +535,10 @@ class Checker:
         judged = self.judged_dtype(checked)
         _warn_other_dtype(m, self.dtype, compute_dtype(m))
         names = [o.name for o in m.graph.output]
-        raw = self.run_ort(checked, feeds)
+        raw, notes = self._run_ort(checked, feeds)
         ev = self.evaluator(checked, runtime="torch", kernels=kernels, missing=missing)
-        expected_raw = ev.run(None, feeds)
+        with self.options_in_force():  # (the evaluator's "ort" kernels make sessions too)
+            expected_raw = ev.run(None, feeds)
         got, widened = _widened(raw, names)
         expected, _ = _widened(expected_raw, names)
         ran_on_ort = tuple(getattr(ev, "ops_run_by_ort", ()) or ())
@@ -523,7 +558,8 @@ class Checker:
             judgements: tuple[Judgement, ...] = (judge("torch evaluator vs onnxruntime", expected, got, ""),)
         else:
             ev64 = self.evaluator(checked, runtime="float64", kernels=kernels, missing=missing)
-            oracle, _ = _widened([o.to(t.dtype) for o, t in zip(ev64.run(None, feeds), expected_raw, strict=True)], names)
+            with self.options_in_force():
+                oracle, _ = _widened([o.to(t.dtype) for o, t in zip(ev64.run(None, feeds), expected_raw, strict=True)], names)
             judgements = (
                 judge("float64 oracle vs onnxruntime", oracle, got, " [ort vs float64]"),
                 judge("float64 oracle vs torch evaluator", oracle, expected, " [torch vs float64]"),
@@ -540,12 +576,14 @@ class Checker:
             closer=closer,
             model=m.graph.name,
             widened=widened,
-            notes=checked.notes,
+            notes=(*checked.notes, *notes),
             judged_dtype=judged if judged != self.dtype else None,
         )
         if not result.passed:
             if not result.report.n:
                 raise NothingCompared(result.render(), result)  # (no blame: there is no gap to explain)
+            if tf32_in_play(self.provider, self.dtype, self.effective_options()):
+                result = replace(result, notes=(*result.notes, tf32_line(self.effective_options())))
             if blame:
                 try:
                     result = replace(result, blame=self.blame(checked, feeds, kernels=kernels, missing=missing))
@@ -567,7 +605,8 @@ class Checker:
         # a float16 model behind float32 I/O drifts by float16's rounding: its drifts judged as float16 (read off a
         # model at hand; a path is not loaded twice for it)
         dtype = self.judged_dtype(model) if isinstance(model, CheckedModel | onnx.ModelProto) else self.dtype
-        return blame(model, feeds, provider=self.provider, dtype=dtype, kernels=kernels, tolerance=self.tolerance_for(dtype=dtype), missing=missing)
+        with self.options_in_force():
+            return blame(model, feeds, provider=self.provider, dtype=dtype, kernels=kernels, tolerance=self.tolerance_for(dtype=dtype), missing=missing)
 
     def check_baseline(
         self,
@@ -616,27 +655,31 @@ class Checker:
         session_options: Mapping[str, Any] | None = None,
         kernels: Mapping[Any, Any] | None = None,
         missing: Missing = "error",
+        threads: Sequence[int] | None = None,
     ) -> ReproducibilityReport:
         """Is `model` bitwise reproducible on this provider? The same session `runs` times, varied intra-op
-        threads and graph optimization levels (`vary`), and on CUDA the torch evaluator with deterministic
-        algorithms on and off. Returns the ReproducibilityReport, or raises NotReproducible carrying it."""
+        threads (`threads`: the counts compared, default 1, 2 and the machine's cores) and graph optimization
+        levels (`vary`), and on CUDA the torch evaluator with deterministic algorithms on and off. Returns the
+        ReproducibilityReport, or raises NotReproducible carrying it."""
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
         from .reproducible import check_reproducible
         from .runtimes.ort import UnsupportedByProviderError
 
         _check_missing(missing)
         try:
-            report = check_reproducible(
-                model,
-                feeds,
-                provider=self.provider,
-                runs=runs,
-                vary=vary,
-                torch_deterministic=torch_deterministic,
-                session_options=session_options,
-                kernels=kernels,
-                missing=missing,
-            )
+            with self.options_in_force():
+                report = check_reproducible(
+                    model,
+                    feeds,
+                    provider=self.provider,
+                    runs=runs,
+                    vary=vary,
+                    torch_deterministic=torch_deterministic,
+                    session_options=session_options,
+                    kernels=kernels,
+                    missing=missing,
+                    threads=threads,
+                )
         except UnsupportedByProviderError as exc:
             raise UnsupportedByProvider(self.provider, self.dtype, exc.op, str(exc)) from None
         if not report.reproducible:

@@ -37,8 +37,9 @@ DEFAULT_THRESHOLDS: tuple[float, ...] = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1,
 # float32 scratch arrays stay in cache across the passes (measured: benchmarks/bench_diff.py)
 _CHUNK = 8 * 32000
 
-#: the code paths of `_compare`: "numpy" (CPU tensors' own) and "torch" (any device's)
-DiffPath = Literal["numpy", "torch"]
+#: the code paths of `_compare`: "numpy" (CPU tensors' own), "triton" (CUDA tensors' own where Triton is
+#: importable: one fused pass, diff_triton.py) and "torch" (any device's)
+DiffPath = Literal["numpy", "torch", "triton"]
 
 
 class ShapeMismatchError(ValueError):
@@ -465,15 +466,22 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
     dt = dtype_of(e.dtype)
     # integers and bools compare on the host, exactly (`_integer_chunk`): whichever path was asked for, so
     # every path gives the same counts (integer outputs are indices and masks, small next to activations)
-    path = route.path or ("numpy" if e.device.type == "cpu" else "torch")
+    path = route.path or _own_path(e)
     if not dt.is_floating_point:
         path = "numpy"
+    if path == "triton" and (e.dtype not in _TRITON_DTYPES or route.chunk is not None):
+        path = "torch"  # (float64, and chunk boundaries asked for: the torch path's)
     if path == "numpy" and e.device.type != "cpu":
         e = e.cpu()
     if e.device != g.device:
         g = g.to(e.device)
     ef = e.reshape(-1)
     gf = g.reshape(-1)
+    if path == "triton" and ef.numel():
+        done = _triton_pass(ef.contiguous(), gf.contiguous(), dt, thr, tol)
+        if done is not None:
+            return done.report(name, tuple(e.shape), ef, gf)
+        path = "torch"  # a NaN/Inf (or an overflowed difference) somewhere: judged apart, as the torch path does
     stats = _Stats(dt, thr, tol, _rel_floor(ef, dt) if dt.is_floating_point and ef.numel() else None)
     if ef.numel():
         if path == "numpy":
@@ -483,6 +491,42 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
         else:
             _torch_pass(ef, gf, stats, route.chunk)
     return stats.report(name, tuple(e.shape), ef, gf)
+
+
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _own_path(e: torch.Tensor) -> DiffPath:
+    """numpy on CPU; on CUDA one fused Triton pass where Triton is importable, torch otherwise."""
+    if e.device.type == "cpu":
+        return "numpy"
+    if e.device.type == "cuda" and e.dtype in _TRITON_DTYPES:
+        from . import diff_triton
+
+        if diff_triton.available():
+            return "triton"
+    return "torch"
+
+
+def _triton_pass(ef: torch.Tensor, gf: torch.Tensor, dt: DType, thr: tuple[float, ...], tol: tuple[float, float] | None) -> _Stats | None:
+    """The statistics by diff_triton's fused pass (None: a special pair somewhere, for the torch path)."""
+    from . import diff_triton
+
+    floor = diff_triton.floor_of(ef, dt, _floor_of_rms)
+    if floor is None:
+        return None
+    st = _Stats(dt, thr, tol, floor)
+    got = diff_triton.stats_pass(ef, gf, st.thr_work, floor, tol, st.tiny)
+    if got is None:
+        return None
+    st.counts = got["counts"]
+    st.sum_abs = got["sum_abs"]
+    st.max_abs, st.argmax = got["max_abs"], got["argmax"]
+    st.max_rel = got["max_rel"]
+    st.max_ulp = got["max_ulp"]
+    st.rel_floored, st.ulp_floored = got["rel_floored"], got["ulp_floored"] * 2.0**dt.mantissa_bits
+    st.oot = got["oot"]
+    return st
 
 
 # compute dtype of the differences: wide enough that |e - g| of two finite values rarely overflows
@@ -511,6 +555,11 @@ def _rel_floor(x: torch.Tensor, dt: DType) -> float:
     rms = _rms(x, exact=False)
     if rms > 0 and abs(math.log2(rms) % 1.0 - 0.5) < 1e-3:
         rms = _rms(x, exact=True)
+    return _floor_of_rms(rms, dt)
+
+
+def _floor_of_rms(rms: float, dt: DType) -> float:
+    """F for the RMS of the expected finite values: the nearest power of two, within the dtype's range."""
     if rms == 0:
         return dt.tiny
     lo, hi = math.frexp(dt.tiny)[1] - 1, math.frexp(_POW2_MAX[dt])[1] - 1  # (both are powers of two)

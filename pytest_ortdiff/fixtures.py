@@ -5,7 +5,7 @@ onnxruntime load when a check runs."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import pytest
@@ -22,6 +22,7 @@ from .check import (
     missing_ops,
     ops_hint,
 )
+from .providers import ProviderOptions, normalize_provider_options, provider_options_in_force
 from .results import CheckRow, SkipRow
 from .session import BASELINE_KEY, RESULT_KEY, SKIP_KEY
 from .tolerance import Tolerance
@@ -59,8 +60,10 @@ class OrtDiff:
     naming the op.
     """
 
-    def __init__(self, provider: str, dtype: str, tolerance: ToleranceLike = None, node: Any = None, blame_on_failure: bool = False) -> None:
-        self.checker = Checker(provider, dtype, tolerance=tolerance)
+    def __init__(
+        self, provider: str, dtype: str, tolerance: ToleranceLike = None, node: Any = None, blame_on_failure: bool = False, provider_options: Mapping[str, Any] | None = None
+    ) -> None:
+        self.checker = Checker(provider, dtype, tolerance=tolerance, provider_options=provider_options)
         self._node = node
         self.blame_on_failure = blame_on_failure
         self.reports: list[DiffReport] = []
@@ -82,6 +85,11 @@ class OrtDiff:
     @property
     def tolerance(self) -> Tolerance:
         return self.checker.tolerance
+
+    @property
+    def provider_options(self) -> dict[str, str]:
+        """onnxruntime's options for this provider in this test (command line, ini, marker), e.g. {"use_tf32": "0"}."""
+        return self.checker.provider_options
 
     @property
     def device(self) -> str:
@@ -256,16 +264,19 @@ class OrtDiff:
         session_options: Mapping[str, Any] | None = None,
         kernels: Mapping[Any, Any] | None = None,
         missing: Missing = "error",
+        threads: Sequence[int] | None = None,
     ) -> ReproducibilityReport:
         """Is `model` bitwise reproducible on this provider? The same session `runs` times, then varied
-        intra-op threads and graph optimization levels (`vary`), and on CUDA the torch evaluator with
-        `torch.use_deterministic_algorithms` on and off; fails the test with the report (a histogram per
-        differing variation) otherwise. Returns a `reproducible.ReproducibilityReport`."""
+        intra-op threads (`threads`, default 1, 2 and the machine's cores) and graph optimization levels
+        (`vary`), and on CUDA the torch evaluator with `torch.use_deterministic_algorithms` on and off;
+        fails the test with the report (a histogram per differing variation) otherwise. Returns a
+        `reproducible.ReproducibilityReport`."""
         __tracebackhide__ = True
         self.reproducible_checked = True
         try:
             report = self.checker.check_reproducible(
-                model, feeds, runs=runs, vary=vary, torch_deterministic=torch_deterministic, session_options=session_options, kernels=kernels, missing=missing
+                model, feeds, runs=runs, vary=vary, torch_deterministic=torch_deterministic, session_options=session_options, kernels=kernels, missing=missing,
+                threads=threads,
             )
         except CheckFailed as exc:
             report = exc.result
@@ -604,9 +615,21 @@ def ort_dtype(_ortdiff_case: tuple[str, str]) -> str:
     return _ortdiff_case[1]
 
 
+#: the run's provider options (ini ortdiff_provider_options, then --ort-provider-options over it), set by the plugin
+PROVIDER_OPTIONS = pytest.StashKey[ProviderOptions]()
+
+
 @pytest.fixture
-def ortdiff(request: pytest.FixtureRequest, ort_provider: str, ort_dtype: str) -> OrtDiff:
-    """An `OrtDiff` bound to this test's provider and dtype, with the marker's tolerance."""
+def ortdiff(request: pytest.FixtureRequest, ort_provider: str, ort_dtype: str) -> Iterator[OrtDiff]:
+    """An `OrtDiff` bound to this test's provider and dtype, with the marker's tolerance. onnxruntime takes the
+    provider options of the run and of the marker (the marker's win) in every session the test makes."""
     marker = request.node.get_closest_marker("ortdiff")
     tol = Tolerance.from_marker(marker.kwargs) if marker else Tolerance()
-    return OrtDiff(ort_provider, ort_dtype, tol, node=request.node, blame_on_failure=bool(request.config.getoption("ortdiff_blame", False)))
+    options = dict(request.config.stash.get(PROVIDER_OPTIONS, {}).get(ort_provider, {}))
+    if marker is not None and marker.kwargs.get("provider_options"):
+        options.update(normalize_provider_options(marker.kwargs["provider_options"]).get(ort_provider, {}))
+    checker = OrtDiff(
+        ort_provider, ort_dtype, tol, node=request.node, blame_on_failure=bool(request.config.getoption("ortdiff_blame", False)), provider_options=options
+    )
+    with provider_options_in_force({ort_provider: options} if options else {}):
+        yield checker

@@ -38,8 +38,10 @@ __all__ = [
     "model_path",
     "model_shell",
     "parse_model",
+    "required_ir_version",
     "serialized",
     "session_input_specs",
+    "with_ir_version",
 ]
 
 #: protobuf's limit on one serialized message. A model above it exists only as a file whose weights sit
@@ -954,3 +956,98 @@ def compute_dtype(model: onnx.ModelProto) -> str | None:
         targets |= {_HALF_TYPES.get(next((a.i for a in n.attribute if a.name == "to"), 0)) for n in readers}
     half = targets.pop() if len(targets) == 1 else None
     return half if half is not None and half not in io else None
+
+
+# ------------------------------------------------------------------------------------------------
+# IR version: onnx writes its newest (onnx 1.23: IR 14) whatever the model uses; an onnxruntime that
+# reads only older ones (1.31: IR <= 13) refuses it. A model that uses nothing of the newer versions is
+# the same model at the version it needs.
+
+# element types -> the IR version that added them (onnx.proto's IR version history)
+_TYPE_IR = {
+    "BFLOAT16": 4,
+    "FLOAT8E4M3FN": 9, "FLOAT8E4M3FNUZ": 9, "FLOAT8E5M2": 9, "FLOAT8E5M2FNUZ": 9,
+    "UINT4": 10, "INT4": 10,
+    "FLOAT4E2M1": 11,
+    "FLOAT8E8M0": 12,
+    "UINT2": 13, "INT2": 13,
+    "FLOAT6E2M3": 14, "FLOAT6E3M2": 14,
+}
+# node attributes holding an element type (Cast's `to`, the generators' and EyeLike's `dtype`, ...)
+_TYPE_ATTRS = frozenset({"to", "dtype", "output_dtype", "output_datatype", "stash_type"})
+
+
+def required_ir_version(model: onnx.ModelProto) -> tuple[int, str]:
+    """The lowest IR version that holds everything `model` uses, and what sets it ("opset ai.onnx 18",
+    "element type FLOAT8E8M0", "model-local functions"): its opsets, the element types of its values,
+    initializers, constants and type attributes (subgraphs and functions included), and the newer
+    fields (functions: IR 8; multi-device configuration: IR 11)."""
+    import onnx
+    import onnx.helper
+
+    best, why = 3, "the opset_import field"
+    for opset in model.opset_import:
+        if opset.domain not in ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training"):
+            continue  # (a custom domain's versions say nothing of the IR)
+        try:
+            ir = onnx.helper.find_min_ir_version_for([opset], ignore_unknown=True)
+        except ValueError:  # an opset newer than this onnx knows: the newest IR it knows
+            ir = onnx.IR_VERSION
+        if ir > best:
+            best, why = ir, f"opset {opset.domain or 'ai.onnx'} {opset.version}"
+    codes = {v: k for k, v in onnx.TensorProto.DataType.items()}
+    found: set[int] = set()
+    graphs = [g for g in iter_graphs(model.graph)]
+    for fn in model.functions:
+        for node in fn.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    graphs.extend(iter_graphs(attr.g))
+                graphs.extend(g for sub in attr.graphs for g in iter_graphs(sub))
+    for g in graphs:
+        for vi in (*g.input, *g.output, *g.value_info):
+            _collect_types(vi.type, found)
+        found.update(t.data_type for t in g.initializer)
+        found.update(s.values.data_type for s in g.sparse_initializer)
+        for node in g.node:
+            _node_types(node, found)
+    for fn in model.functions:
+        for node in fn.node:
+            _node_types(node, found)
+    for code in found:
+        name = codes.get(code, "")
+        ir = _TYPE_IR.get(name, 0)
+        if ir > best:
+            best, why = ir, f"element type {name}"
+    if len(model.functions) and best < 8:
+        best, why = 8, "model-local functions"
+    if len(getattr(model, "configuration", ())) and best < 11:
+        best, why = 11, "multi-device configuration"
+    return best, why
+
+
+def _collect_types(t: onnx.TypeProto, out: set[int]) -> None:
+    kind = t.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        out.add(getattr(t, kind).elem_type)
+    elif kind in ("sequence_type", "optional_type"):
+        _collect_types(getattr(t, kind).elem_type, out)
+    elif kind == "map_type":
+        out.add(t.map_type.key_type)
+        _collect_types(t.map_type.value_type, out)
+
+
+def _node_types(node: onnx.NodeProto, out: set[int]) -> None:
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            out.add(attr.t.data_type)
+        out.update(t.data_type for t in attr.tensors)
+        if attr.name in _TYPE_ATTRS and attr.type == 2:  # AttributeProto.INT
+            out.add(attr.i)
+
+
+def with_ir_version(data: bytes, ir_version: int) -> bytes:
+    """The serialized model `data` with its ir_version field set to `ir_version` (nothing else changes)."""
+    proto = parse_model(data)
+    proto.ir_version = ir_version
+    return proto.SerializeToString()

@@ -12,8 +12,14 @@ import pytest
 
 from . import selection
 from .dtypes import TESTABLE, dtype_of, parse_dtype
-from .fixtures import _ortdiff_case, ort_dtype, ort_provider, ortdiff
-from .providers import KNOWN, parse_provider, torch_device
+from .fixtures import PROVIDER_OPTIONS, _ortdiff_case, ort_dtype, ort_provider, ortdiff
+from .providers import (
+    KNOWN,
+    normalize_provider_options,
+    parse_provider,
+    parse_provider_options,
+    torch_device,
+)
 from .results import SkipRow
 from .session import CASE_KEY, SKIP_KEY, RunResults, foreign_report
 from .tolerance import Tolerance
@@ -21,8 +27,8 @@ from .tolerance import Tolerance
 __all__ = ["_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
 
 _FIXTURES = ("ortdiff", "ort_provider", "ort_dtype")  # all depend on _ortdiff_case
-_MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget", "reproducible")
-_REPRODUCIBLE_KWARGS = ("runs", "vary", "torch_deterministic", "session_options")
+_MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget", "reproducible", "provider_options")
+_REPRODUCIBLE_KWARGS = ("runs", "vary", "torch_deterministic", "session_options", "threads")
 DEFAULT_PROVIDERS = selection.DEFAULT.providers
 DEFAULT_DTYPES = selection.DEFAULT.dtypes
 
@@ -91,6 +97,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="skip, instead of failing the run, when a provider named in --ort-providers is unavailable here",
     )
     group.addoption(
+        "--ort-provider-options",
+        dest="ort_provider_options",
+        action="append",
+        default=None,
+        metavar="PROVIDER:KEY=VALUE[,KEY=VALUE...]",
+        help="onnxruntime options of a provider, as you deploy it, e.g. CUDA:use_tf32=0 (IEEE float32 MatMul/Gemm "
+        "on CUDA); repeat for other providers; over ini ortdiff_provider_options, under a marker's provider_options",
+    )
+    group.addoption(
         "--ortdiff-reports",
         dest="ortdiff_reports",
         action="store_true",
@@ -147,6 +162,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("ortdiff_providers", "comma list of providers (as --ort-providers)", default="")
     parser.addini("ortdiff_dtypes", "comma list of dtypes (as --ort-dtypes)", default="")
+    parser.addini("ortdiff_provider_options", "onnxruntime provider options, one PROVIDER:KEY=VALUE[,KEY=VALUE...] per line (as --ort-provider-options)", type="linelist", default=[])
     parser.addini("ortdiff_skip_unavailable", "skip unavailable providers (as --ort-skip-unavailable)", type="bool", default=False)
     parser.addini("ortdiff_reports", "print every check's report (as --ortdiff-reports)", type="bool", default=False)
 
@@ -272,12 +288,13 @@ def pytest_configure(config: pytest.Config) -> None:
     progress.configure_for_pytest(config)  # long work draws its bar past the capture; none under -q or xdist
     config.addinivalue_line(
         "markers",
-        "ortdiff(providers=None, dtypes=None, atol=None, rtol=None, max_ulp=None, budget=None, reproducible=False): run the test "
+        "ortdiff(providers=None, dtypes=None, atol=None, rtol=None, max_ulp=None, budget=None, reproducible=False, provider_options=None): run the test "
         "for each provider × dtype (intersected with --ort-providers/--ort-dtypes) and set its tolerance; "
         "values may be per dtype, e.g. atol={'float16': 0.5}; budget={1e-2: 0.001, 1.0: 0} allows 0.1 % of "
         "elements above 1e-2 and none above 1; reproducible=True (or a dict of check_reproducible arguments: "
-        "runs, vary, torch_deterministic, session_options) makes ortdiff.check() also check bitwise "
-        "reproducibility, and fails a test that never runs such a check",
+        "runs, vary, torch_deterministic, session_options, threads) makes ortdiff.check() also check bitwise "
+        "reproducibility, and fails a test that never runs such a check; provider_options={'CUDA': {'use_tf32': 0}} sets "
+        "onnxruntime's options for the test (over --ort-provider-options)",
     )
     baseline_dir = config.getoption("ortdiff_baseline_dir")
     if baseline_dir is not None and not baseline_dir.strip():
@@ -328,6 +345,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     state.selection = selection.Selection(providers, dtypes, cache_mb)
+    config.stash[PROVIDER_OPTIONS] = _provider_options(config)
+    _apply_threads()
     results = RunResults(
         json_path=config.getoption("ortdiff_json"),
         html_path=config.getoption("ortdiff_html"),
@@ -349,6 +368,38 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS] = results
     selection.activate(state.selection)
     config.pluginmanager.register(results, "ortdiff-session")
+
+
+def _apply_threads() -> None:
+    """$ORTDIFF_THREADS=N: torch computes on N threads (onnxruntime's sessions take N intra-op threads where
+    their options name none): a run's numbers then do not depend on the machine's cores."""
+    raw = os.environ.get("ORTDIFF_THREADS", "").strip()
+    if not raw:
+        return
+    from .runtimes.ort import threads_from_env  # (imports torch: only when asked for)
+
+    try:
+        n = threads_from_env()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    import torch
+
+    torch.set_num_threads(n or 1)
+
+
+def _provider_options(config: pytest.Config) -> dict[str, dict[str, str]]:
+    """The run's provider options: the ini file's lines, then each --ort-provider-options over them."""
+    out: dict[str, dict[str, str]] = {}
+    sources = [(line, "ini ortdiff_provider_options") for line in config.getini("ortdiff_provider_options") if line.strip()]
+    sources += [(spec, "--ort-provider-options") for spec in config.getoption("ort_provider_options") or []]
+    for spec, source in sources:
+        try:
+            parsed = parse_provider_options(spec, source)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        for provider, options in parsed.items():
+            out.setdefault(provider, {}).update(options)
+    return out
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -384,6 +435,7 @@ def _validate_marker(marker: pytest.Mark, test: str) -> None:
         pytest.fail(f"@pytest.mark.ortdiff on {test}: unknown argument(s) {unknown}; valid: {', '.join(_MARKER_KWARGS)}", pytrace=False)
     try:
         Tolerance.from_marker(marker.kwargs)
+        normalize_provider_options(marker.kwargs.get("provider_options"))
     except (TypeError, ValueError) as exc:
         pytest.fail(f"@pytest.mark.ortdiff on {test}: {exc}", pytrace=False)
     repro = marker.kwargs.get("reproducible", False)
@@ -412,6 +464,9 @@ def _reproducible_problem(args: dict[str, Any]) -> str | None:
         unknown = [v for v in names if v not in VARIATIONS]
         if unknown:
             return f"vary: unknown variation(s) {unknown}; valid: {', '.join(VARIATIONS)}"
+    threads = args.get("threads", [1, 2])
+    if not isinstance(threads, list | tuple) or len(threads) < 2 or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in threads):
+        return f"threads must list at least two thread counts such as [1, 2, 4], got {threads!r}"
     runs = args.get("runs", 2)
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         return f"runs must be a positive number of runs such as 5, got {runs!r}"

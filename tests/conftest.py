@@ -21,10 +21,38 @@ import onnx
 import onnx.reference
 import onnxruntime  # noqa: F401
 import pytest
-import torch  # noqa: F401
+import torch
+
+# Triton, where installed, runs its kernels in its interpreter on a machine without CUDA
+# (tests/test_diff_triton.py): the switch is read when triton is first imported, so it is set here
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import device_watch
 
 import pytest_ortdiff.diff
 import pytest_ortdiff.runtimes.evaluator  # noqa: F401
+
+# torch.onnx's exporters, for the same reason: a TorchScript export first made inside a pytester run (e.g.
+# test_parity's fixture test) imports torch's dynamo exporter there, the restore drops it, and the worker's
+# next dynamo export finds its op registry empty ("_registry must not be empty"): tests/test_suite_order.py
+with contextlib.suppress(ImportError):
+    import torch.onnx._internal.exporter._core
+    import torch.onnx._internal.torchscript_exporter.utils
+
+# -- the device watch ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _device_watch() -> Iterator[None]:
+    """Every TorchEvaluator run of the suite fails on a tensor made without the run's device (tests/device_watch.py):
+    what would put a tensor on the CPU next to CUDA ones on a GPU shows on CPU CI. ORTDIFF_DEVICE_WATCH=0: off."""
+    if not device_watch.enabled():
+        yield
+        return
+    with device_watch.watching():
+        yield
+
 
 # -- the terminal's width ---------------------------------------------------------------------------
 

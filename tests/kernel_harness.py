@@ -24,6 +24,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from pytest_ortdiff.runtimes.evaluator import TorchEvaluator
+from pytest_ortdiff.runtimes.ort import OrtRunner
 from pytest_ortdiff.runtimes.tensors import to_numpy, to_torch
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "check_node",
     "given",
     "one_node_model",
+    "ort_session",
     "output_names",
     "retype",
     "run_ort",
@@ -131,12 +133,15 @@ def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> li
         return list(ReferenceEvaluator(model).run(None, dict(feeds)))
 
 
+def ort_session(model: onnx.ModelProto, **session_options: Any) -> ort.InferenceSession:
+    """onnxruntime's CPU session of `model`, cached, at an IR version this onnxruntime reads (onnx 1.23
+    writes IR 14 by default, onnxruntime 1.31 reads <= 13: OrtRunner lowers it for a model that needs
+    nothing newer)."""
+    return OrtRunner(model, session_options=session_options or None).session
+
+
 def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(
-        model.SerializeToString(), so, providers=["CPUExecutionProvider"]
-    )
+    sess = ort_session(model, graph_optimization_level="disable")
     return list(sess.run(None, dict(feeds)))
 
 

@@ -117,10 +117,17 @@ def test_compare_on_cuda_gives_the_cpu_numbers(dtype: torch.dtype) -> None:
     e, g = _pair(dtype)
     thresholds = [0.0, 1e-3, 1e-2, 0.1, 1.0, math.inf]
     on_cpu = compare(e, g, thresholds=thresholds, tolerance=(1e-2, 1e-2))
-    for chunk in (None, 4099):  # whole, and in chunks
-        on_gpu = diff._compare(e.cuda(), g.cuda(), thresholds=thresholds, tolerance=(1e-2, 1e-2), chunk=chunk)
-        assert _fields(on_gpu) == _fields(on_cpu)
+    # the default (the fused Triton pass where Triton is importable), the torch path whole and in chunks
+    for path, chunk in ((None, None), ("torch", None), ("torch", 4099)):
+        on_gpu = diff._compare(e.cuda(), g.cuda(), thresholds=thresholds, tolerance=(1e-2, 1e-2), path=path, chunk=chunk)
+        assert _fields(on_gpu) == _fields(on_cpu), (path, chunk)
         assert on_gpu.mean_abs == pytest.approx(on_cpu.mean_abs, rel=1e-6)
+    finite = torch.isfinite(e) & torch.isfinite(g) & (e.abs() < 1e38) & (g.abs() < 1e38)
+    e2, g2 = e[finite], g[finite]  # (no special pair: the fused pass keeps it to the end)
+    on_cpu = compare(e2, g2, thresholds=thresholds, tolerance=(1e-2, 1e-2))
+    on_gpu = diff._compare(e2.cuda(), g2.cuda(), thresholds=thresholds, tolerance=(1e-2, 1e-2))
+    assert _fields(on_gpu) == _fields(on_cpu)
+    assert on_gpu.mean_abs == pytest.approx(on_cpu.mean_abs, rel=1e-6)
     assert (on_cpu.nan_mismatch, on_cpu.inf_mismatch) == (1, 1)
     assert on_cpu.counts[math.inf] == 0
     assert on_cpu.n == e.numel()
@@ -150,7 +157,83 @@ def test_compare_cuda_against_cpu_tensor() -> None:
     assert r.counts[1e-2] == 0
 
 
+@needs_cuda
+def test_the_fused_pass_is_the_default_on_cuda_where_triton_is_importable() -> None:
+    from pytest_ortdiff import diff_triton
+
+    e = torch.linspace(-1, 1, 10_000, device="cuda")
+    expected_path = "triton" if diff_triton.available() else "torch"
+    assert diff._own_path(e) == expected_path
+    assert diff._own_path(e.double()) == "torch"
+
+
+@needs_cuda
+def test_the_evaluator_computes_ieee_float32_on_cuda_whatever_torch_allows() -> None:
+    """torch's TF32 switches on (as a user may have them, and cuDNN's are by default): the evaluator's
+    float32 MatMul and Conv stay within IEEE float32's error of the float64 result (TF32 is ~1000x off)."""
+    from pytest_ortdiff.runtimes import tf32
+
+    saved = tf32._save("cuda")
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        TP = onnx.TensorProto
+        model = oh.make_model(
+            oh.make_graph(
+                [oh.make_node("MatMul", ["a", "b"], ["m"]), oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])],
+                "g",
+                [oh.make_tensor_value_info(n, TP.FLOAT, s) for n, s in (("a", [64, 512]), ("b", [512, 64]), ("x", [1, 32, 16, 16]), ("w", [32, 32, 3, 3]))],
+                [oh.make_tensor_value_info("m", TP.FLOAT, None), oh.make_tensor_value_info("c", TP.FLOAT, None)],
+            ),
+            opset_imports=[oh.make_opsetid("", 18)],
+            ir_version=9,
+        )
+        gen = torch.Generator().manual_seed(0)
+        feeds = {"a": torch.randn(64, 512, generator=gen), "b": torch.randn(512, 64, generator=gen), "x": torch.randn(1, 32, 16, 16, generator=gen), "w": torch.randn(32, 32, 3, 3, generator=gen)}
+        m, c = TorchEvaluator(model, device="cuda").run(None, feeds)
+        m64 = feeds["a"].double() @ feeds["b"].double()
+        c64 = torch.nn.functional.conv2d(feeds["x"].double(), feeds["w"].double(), padding=1)
+        for got, exact in ((m, m64), (c, c64)):
+            rel = float((got.double().cpu() - exact).abs().max() / exact.abs().max())
+            assert rel < 2e-5, f"{rel:.2e}: TF32 (~1e-3) rather than IEEE float32"
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # restored
+    finally:
+        tf32._restore(saved)
+
+
 # -- onnxruntime's CUDA provider ---------------------------------------------------------------------------
+
+
+@needs_cuda
+@needs_ort_cuda
+def test_bool_feeds_and_outputs_on_cuda() -> None:
+    """onnxruntime 1.31 (the newest onnxruntime-gpu) refuses bool through DLPack and exports bool as uint8."""
+    TP = onnx.TensorProto
+    model = oh.make_model(
+        oh.make_graph(
+            [oh.make_node("Not", ["m"], ["y"]), oh.make_node("Cast", ["x"], ["b"], to=TP.BOOL)],
+            "g",
+            [oh.make_tensor_value_info("m", TP.BOOL, [4]), oh.make_tensor_value_info("x", TP.FLOAT, [4])],
+            [oh.make_tensor_value_info("y", TP.BOOL, [4]), oh.make_tensor_value_info("b", TP.BOOL, [4])],
+        ),
+        opset_imports=[oh.make_opsetid("", 18)],
+        ir_version=9,
+    )
+    m = torch.tensor([True, False, True, False], device="cuda")
+    x = torch.tensor([0.0, 1.5, -2.0, 0.0], device="cuda")
+    y, b = OrtRunner(model, provider="CUDA").run(None, {"m": m, "x": x})
+    assert (y.dtype, b.dtype, y.device.type) == (torch.bool, torch.bool, "cuda")
+    assert y.tolist() == [False, True, False, True] and b.tolist() == [False, True, True, False]
+
+
+@needs_cuda
+@needs_ort_cuda
+def test_use_tf32_is_in_the_sessions_options() -> None:
+    model = models.layer_norm_matmul_add(dtype="float32")
+    default = OrtRunner(model, provider="CUDA").session.get_provider_options()["CUDAExecutionProvider"]
+    off = OrtRunner(model, provider="CUDA", provider_options={"use_tf32": 0}).session.get_provider_options()["CUDAExecutionProvider"]
+    assert default.get("use_tf32") == "1"
+    assert off.get("use_tf32") == "0"
 
 
 @needs_cuda
@@ -159,7 +242,7 @@ def test_compare_cuda_against_cpu_tensor() -> None:
 def test_ort_cuda_outputs_stay_on_the_gpu(dtype: str) -> None:
     model = models.layer_norm_matmul_add(dtype=dtype)
     feeds = models.random_feeds(model, dims=DIMS, seed=0)
-    runner = OrtRunner(model, provider="CUDA")
+    runner = OrtRunner(model, provider="CUDA", provider_options={"use_tf32": 0})  # (IEEE float32, as on CPU)
     assert runner.device == torch.device("cuda", 0)
     assert runner.session.get_providers()[0] == "CUDAExecutionProvider"
     (from_cpu_feeds,) = runner.run(None, feeds)

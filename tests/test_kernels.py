@@ -13,9 +13,9 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnx.shape_inference
-import onnxruntime as ort
 import pytest
 import torch
+from kernel_harness import ort_session
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
@@ -107,7 +107,7 @@ def run_reference(
     c: Case, model: onnx.ModelProto, feeds: dict[str, np.ndarray]
 ) -> list[np.ndarray]:
     if c.ref == "ort":
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess = ort_session(model)
         return sess.run(None, feeds)
     return ReferenceEvaluator(model).run(None, feeds)
 

@@ -14,9 +14,9 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnx.shape_inference
-import onnxruntime as ort
 import pytest
 import torch
+from kernel_harness import ort_session
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
@@ -83,7 +83,7 @@ def run_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[
 
 
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return sess.run(None, feeds)
 
 
@@ -457,12 +457,14 @@ def test_attention_matches_onnxruntime(c: Attn, dtype: str) -> None:
         pytest.skip(c.no_ort)
     feeds = c.feeds(dtype, seed=2)
     model = c.model(feeds)
-    assert_outputs_close(
-        run_torch(model, given(feeds)),
-        run_ort(model, given(feeds)),
-        ORT_TOL[dtype],
-        output_names(model),
-    )
+    try:
+        expected = run_ort(model, given(feeds))
+    except Exception as exc:
+        # the sliding windows (left/right_window_size) came after onnxruntime 1.31, the newest onnxruntime-gpu
+        if "Unrecognized attribute" not in str(exc):
+            raise
+        pytest.skip(f"this onnxruntime does not know them: {str(exc).split('Error ')[-1]}")
+    assert_outputs_close(run_torch(model, given(feeds)), expected, ORT_TOL[dtype], output_names(model))
 
 
 def test_attention_qk_mode0_is_the_raw_product_even_with_softcap() -> None:

@@ -423,3 +423,157 @@ def test_external_data_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
             (inner / "link.data").symlink_to(tmp_path / "elsewhere.data")
         with pytest.raises(ValueError, match=rf"'{re.escape(location)}', outside the model's directory"):
             OrtRunner(inner / "m.onnx")
+
+
+# -- dtypes DLPack (or onnxruntime's DLPack) lacks: bound without it, per tensor ----------------------
+
+
+def _bool_model() -> onnx.ModelProto:
+    """x (float) > 0 -> m, And(m, keep) -> y, Not(keep) -> z: a bool input and two bool outputs."""
+    return oh.make_model(
+        oh.make_graph(
+            [
+                oh.make_node("Greater", ["x", "zero"], ["m"]),
+                oh.make_node("And", ["m", "keep"], ["y"]),
+                oh.make_node("Not", ["keep"], ["z"]),
+            ],
+            "g",
+            [oh.make_tensor_value_info("x", TP.FLOAT, [6]), oh.make_tensor_value_info("keep", TP.BOOL, [6])],
+            [oh.make_tensor_value_info("y", TP.BOOL, [6]), oh.make_tensor_value_info("z", TP.BOOL, [6])],
+            [oh.make_tensor("zero", TP.FLOAT, [], [0.0])],
+        ),
+        opset_imports=[oh.make_opsetid("", 18)],
+        ir_version=9,
+    )
+
+
+_BOOL_FEEDS = {
+    "x": torch.tensor([-1.0, 2.0, 3.0, -4.0, 5.0, 0.0]),
+    "keep": torch.tensor([True, True, False, True, True, True]),
+}
+_BOOL_Y = [False, True, False, False, True, False]
+_BOOL_Z = [False, False, True, False, False, False]
+
+
+def test_bool_feeds_and_outputs_keep_their_dtype() -> None:
+    """onnxruntime 1.31 refuses a bool tensor through DLPack and hands bool outputs back as uint8: the
+    runner binds such a feed without DLPack and gives every output the dtype the model declares."""
+    y, z = OrtRunner(_bool_model()).run(None, _BOOL_FEEDS)
+    assert (y.dtype, z.dtype) == (torch.bool, torch.bool)
+    assert y.tolist() == _BOOL_Y and z.tolist() == _BOOL_Z
+    (y_np,) = OrtRunner(_bool_model()).run(["y"], {k: v.numpy() for k, v in _BOOL_FEEDS.items()})
+    assert y_np.dtype == torch.bool and y_np.tolist() == _BOOL_Y
+
+
+def test_a_feed_dlpack_refuses_is_bound_without_it_and_the_others_still_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per tensor, not per run: a refused bool goes through a host array, the float feed still through DLPack."""
+    real = onnxruntime.OrtValue.from_dlpack
+    seen: list[torch.dtype] = []
+
+    def refusing(t: object, *args: object, **kwargs: object) -> object:
+        seen.append(t.dtype)  # type: ignore[attr-defined]
+        if t.dtype == torch.bool:  # type: ignore[attr-defined]
+            raise RuntimeError("dlpack_converter.cc:145 GetOrtValueDataType Unsupported code 6")
+        return real(t, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime.OrtValue, "from_dlpack", staticmethod(refusing))
+    from pytest_ortdiff.runtimes import ort as ort_module
+
+    monkeypatch.setattr(ort_module, "_DLPACK_REFUSED", set())
+    runner = OrtRunner(_bool_model(), cache=False)
+    y, z = runner.run(None, _BOOL_FEEDS)
+    assert y.tolist() == _BOOL_Y and z.tolist() == _BOOL_Z
+    assert seen == [torch.float32, torch.bool]
+    seen.clear()
+    runner.run(None, _BOOL_FEEDS)  # the refusal is remembered: no second try for bool
+    assert seen == [torch.float32]
+
+
+def test_outputs_handed_back_in_another_dtype_are_given_the_declared_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime 1.31's DLPack export of a bool output is uint8: a silent change of dtype in what is compared."""
+    real = torch.from_dlpack
+
+    def as_uint8(value: object) -> torch.Tensor:
+        t = real(value)
+        return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+    monkeypatch.setattr(torch, "from_dlpack", as_uint8)
+    y, z = OrtRunner(_bool_model(), cache=False).run(None, _BOOL_FEEDS)
+    assert (y.dtype, z.dtype) == (torch.bool, torch.bool)
+    assert y.tolist() == _BOOL_Y and z.tolist() == _BOOL_Z
+
+
+# -- IR versions newer than onnxruntime reads -------------------------------------------------------
+
+
+def _ir_model(ir_version: int) -> onnx.ModelProto:
+    model = make_model(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        [oh.make_tensor_value_info("x", TP.FLOAT, [3])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, [3])],
+    )
+    model.ir_version = ir_version
+    return model
+
+
+def test_a_model_of_a_newer_ir_version_runs_when_it_uses_nothing_of_it_and_says_so() -> None:
+    """onnx 1.23 writes IR 14 for any model and onnxruntime 1.31 reads IR <= 13: a model needing nothing
+    newer runs at the version this onnxruntime reads, and the runner's notes say so (one version past the
+    newest onnx knows stands in for it on an onnxruntime that reads IR 14)."""
+    runner = OrtRunner(_ir_model(onnx.IR_VERSION + 1), cache=False)
+    (y,) = runner.run(None, {"x": torch.tensor([-1.0, 0.5, 2.0])})
+    assert y.tolist() == [0.0, 0.5, 2.0]
+    (note,) = runner.notes
+    assert re.fullmatch(
+        rf"IR version {onnx.IR_VERSION + 1} read as (\d+): onnxruntime {re.escape(onnxruntime.__version__)} reads IR <= \1, "
+        r"and the model uses nothing newer \(it needs IR 8\); onnx.helper.make_model\(..., ir_version=\1\) writes it so",
+        note,
+    ), note
+    cached = OrtRunner(_ir_model(onnx.IR_VERSION + 1))
+    cached.run(None, {"x": torch.zeros(3)})
+    again = OrtRunner(_ir_model(onnx.IR_VERSION + 1))  # from the session cache: the note comes with it
+    again.run(None, {"x": torch.zeros(3)})
+    assert again.notes == (note,)
+    assert OrtRunner(_ir_model(9)).notes == ()
+
+
+def test_a_model_that_needs_a_newer_ir_version_is_refused_in_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_ortdiff import model_io
+    from pytest_ortdiff.runtimes.ort import IrVersionError
+
+    # what a model with a FLOAT6E2M3 tensor needs, on any onnxruntime: one IR version past the newest
+    monkeypatch.setattr(model_io, "required_ir_version", lambda proto: (onnx.IR_VERSION + 1, "element type FLOAT6E2M3"))
+    with pytest.raises(IrVersionError) as info:
+        OrtRunner(_ir_model(onnx.IR_VERSION + 1), cache=False).run(None, {"x": torch.zeros(3)})
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.fullmatch(
+        rf"the model needs IR version {onnx.IR_VERSION + 1} \(element type FLOAT6E2M3\) and onnxruntime \S+ reads IR <= \d+: "
+        rf"install an onnxruntime that reads IR {onnx.IR_VERSION + 1}, or build the model without element type FLOAT6E2M3",
+        message,
+    ), message
+
+
+def test_required_ir_version_names_what_sets_it() -> None:
+    from pytest_ortdiff.model_io import required_ir_version
+
+    assert required_ir_version(_ir_model(14)) == (8, "opset ai.onnx 18")
+    model = _ir_model(14)
+    model.graph.node.append(oh.make_node("Cast", ["y"], ["z"], to=TP.FLOAT8E8M0))
+    assert required_ir_version(model) == (12, "element type FLOAT8E8M0")
+    model.graph.initializer.append(oh.make_tensor("w", TP.INT2, [2], [1, -1]))
+    assert required_ir_version(model) == (13, "element type INT2")
+    body = oh.make_graph([oh.make_node("Cast", ["a"], ["b"], to=TP.FLOAT6E2M3)], "body", [], [oh.make_tensor_value_info("b", TP.FLOAT6E2M3, [1])])
+    model.graph.node.append(oh.make_node("If", ["c"], ["d"], then_branch=body, else_branch=body))
+    assert required_ir_version(model) == (14, "element type FLOAT6E2M3")
+
+
+def test_a_model_file_with_external_data_of_a_newer_ir_version_runs(tmp_path: Path) -> None:
+    model, w = _weights_model()
+    model.ir_version = onnx.IR_VERSION + 1
+    _save_external(model, tmp_path / "m.onnx")
+    runner = OrtRunner(tmp_path / "m.onnx", cache=False)
+    x = np.ones((2, w.shape[0]), np.float32)
+    (y,) = runner.run(None, {"x": x})
+    np.testing.assert_allclose(y.numpy(), x @ w, rtol=1e-6)
+    assert len(runner.notes) == 1

@@ -279,10 +279,11 @@ def test_marker_without_any_check_fails(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("'yes'", "reproducible must be True, False or a dict of check_reproducible arguments (runs, vary, torch_deterministic, session_options), got 'yes'"),
-        ("{'run': 3}", "reproducible: unknown argument(s) ['run']; valid: runs, vary, torch_deterministic, session_options"),
+        ("'yes'", "reproducible must be True, False or a dict of check_reproducible arguments (runs, vary, torch_deterministic, session_options, threads), got 'yes'"),
+        ("{'run': 3}", "reproducible: unknown argument(s) ['run']; valid: runs, vary, torch_deterministic, session_options, threads"),
+        ("{'threads': [4]}", "reproducible: threads must list at least two thread counts such as [1, 2, 4], got [4]"),
     ],
-    ids=["not-a-bool", "unknown-key"],
+    ids=["not-a-bool", "unknown-key", "one-thread-count"],
 )
 def test_bad_marker_values_are_errors(pytester: pytest.Pytester, value: str, message: str) -> None:
     pytester.makepyfile(f"import pytest\n@pytest.mark.ortdiff(reproducible={value})\ndef test_a(ortdiff):\n    pass\n")
@@ -365,7 +366,7 @@ def test_localiser_names_a_planted_nondeterministic_torch_kernel() -> None:
     gen = torch.Generator().manual_seed(0)
 
     def noisy_tanh(x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x) + 1e-6 * torch.rand(x.shape, generator=gen)
+        return torch.tanh(x) + 1e-6 * torch.rand(x.shape, generator=gen, device=x.device)
 
     model, feeds = _chain()
     rep = check_reproducible(model, feeds, runs=2, vary=(), torch_deterministic=True, kernels={"tanh": noisy_tanh})

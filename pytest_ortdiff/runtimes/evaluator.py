@@ -31,6 +31,7 @@ from ..model_io import check_model as _check_model
 from . import kernels as _kernels  # registers every kernel family
 from .kernels.base import Kernel, KernelContext, UnsupportedVariantError, lookup
 from .tensors import to_torch
+from .tf32 import ieee_float32
 
 __all__ = ["EvaluatorContext", "KernelOverride", "MissingKernelError", "Subgraph", "TorchEvaluator"]
 
@@ -1198,13 +1199,14 @@ class TorchEvaluator:
             if intermediates:
                 raise ValueError("run(..., intermediates=True, observe=f): pick one; observe streams the intermediates, intermediates=True keeps them all")
             try:
-                _execute_observed(plan, values, outputs, observe, fast)
+                with ieee_float32(self.device):  # float32 means IEEE float32: no TF32 (see runtimes/tf32.py)
+                    _execute_observed(plan, values, outputs, observe, fast)
             except _NodeFailed as exc:
                 raise RuntimeError(str(exc)) from exc.__cause__
             return [values[o] for o in outputs]
         shaped = None if not specialise else self._shaped[key] if key in self._shaped else self._shape_plans(key, plan)
         try:
-            with _BELOW_AUTOGRAD() if fast else contextlib.nullcontext():  # type: ignore[misc]
+            with _BELOW_AUTOGRAD() if fast else contextlib.nullcontext(), ieee_float32(self.device):  # type: ignore[misc]
                 if shaped is None:
                     _execute(plan, values)
                 elif not shaped.run(values, tuple([prepared[n].shape for n in self._signature_names])):  # type: ignore[union-attr]

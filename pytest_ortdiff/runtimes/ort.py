@@ -27,7 +27,14 @@ from ..model_io import (
     session_input_specs,
     too_large,
 )
-from ..providers import KNOWN, parse_provider, unavailable_reason
+from ..providers import (
+    KNOWN,
+    option_values,
+    options_in_force,
+    parse_provider,
+    tf32_in_play,
+    unavailable_reason,
+)
 from ..selection import ResidentGrowth, charge, trim_cache
 from .tensors import to_numpy, to_torch
 
@@ -35,6 +42,8 @@ if TYPE_CHECKING:
     import onnxruntime
 
 __all__ = [
+    "THREADS_ENV",
+    "IrVersionError",
     "ModelSource",
     "OrtRunner",
     "ProviderUnavailableError",
@@ -42,6 +51,7 @@ __all__ = [
     "UnsupportedByProviderError",
     "load_model",
     "model_bytes",
+    "threads_from_env",
 ]
 
 #: what a runner (and every entry point) takes as a model: a proto, a file, or its serialized bytes
@@ -57,6 +67,10 @@ class UnsupportedByProviderError(RuntimeError):
         self.provider = provider
         self.op = op
         super().__init__(f"onnxruntime {KNOWN.get(provider, provider)} has no kernel for {op}: {message}")
+
+
+class IrVersionError(ValueError):
+    """The model needs an IR version this onnxruntime cannot read: the message names what and the fix."""
 
 
 class ProviderUnavailableError(RuntimeError):
@@ -129,10 +143,11 @@ def _check_external_data(folder: Path, subject: str, external: list[tuple[str, s
             )
 
 
+_IR_TOO_NEW = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
 _NOT_IMPL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
 
-# one process-wide cache: tests build the same tiny models again and again. key -> (session, bytes of
-# the model and its external data), bounded by bytes (selection.cache_bytes: $ORTDIFF_CACHE_MB, ini
+# one process-wide cache: tests build the same tiny models again and again. key -> ((session, its notes),
+# bytes of the model and its external data), bounded by bytes (selection.cache_bytes: $ORTDIFF_CACHE_MB, ini
 # ortdiff_cache_mb): a session holds its model's weights
 _SESSIONS: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
 _LOCK = threading.Lock()
@@ -156,6 +171,9 @@ def _make_options(options: Any) -> Any:
     # competes with them (a seed-000 MatMul took 100 ms instead of 68 ms on 2 cores). Tests alternate
     # runtimes, so the threads sleep unless the caller asks otherwise.
     config = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+    threads = threads_from_env()
+    if threads is not None and "intra_op_num_threads" not in (options or {}):
+        so.intra_op_num_threads = threads  # (CI runs the examples at 1, 2 and 16 threads: $ORTDIFF_THREADS)
     for key, value in (options or {}).items():
         if "." in key:  # a session config entry, e.g. "session.intra_op.allow_spinning": "1"
             config[key] = str(value)
@@ -171,6 +189,23 @@ def _make_options(options: Any) -> Any:
     for key, value in config.items():
         so.add_session_config_entry(key, value)
     return so
+
+
+#: the environment variable fixing the thread counts of a run: onnxruntime's intra-op threads in every session
+#: whose options do not set them, and torch's (the pytest plugin calls torch.set_num_threads at start-up)
+THREADS_ENV = "ORTDIFF_THREADS"
+
+
+def threads_from_env() -> int | None:
+    """$ORTDIFF_THREADS as a positive thread count (None when unset); ValueError naming it otherwise."""
+    import os
+
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"${THREADS_ENV}={raw!r}: give a positive number of threads such as 2, or unset it")
+    return int(raw)
 
 
 def _opt_level(value: str | int) -> Any:
@@ -216,7 +251,9 @@ class OrtRunner:
         # the proto given, if one was (what it declares of its inputs, where onnxruntime cannot say)
         self._proto: onnx.ModelProto | None = model if isinstance(model, onnx.ModelProto) else None
         self.session_options = session_options
-        self.provider_options = dict(provider_options or {})
+        #: this provider's options: those in force (a test's, a Checker's: providers.provider_options_in_force)
+        #: with `provider_options`' over them
+        self.provider_options = {**options_in_force(self.provider), **option_values(self.provider, provider_options or {})}
         #: the file onnxruntime opens (a model with external data), else None: it takes the bytes
         self.model_path: str | None = None
         self._external_bytes = 0
@@ -242,7 +279,10 @@ class OrtRunner:
             _check_external_data(folder, subject, external)
             self._external_bytes = sum((folder / location).stat().st_size for location in {loc for _, loc in external})
         self._session: Any = None
+        #: what a report should say about how onnxruntime ran the model (an IR version read as an older one)
+        self.notes: tuple[str, ...] = ()
         self._input_dtypes: dict[str, torch.dtype | None] | None = None
+        self._output_dtypes: dict[str, torch.dtype | None] | None = None
         self._specs: dict[str, InputSpec] | None = None
         self.device = torch.device("cuda", int(self.provider_options.get("device_id", 0))) if self.provider in ("CUDA", "TensorRT") else torch.device("cpu")
 
@@ -262,7 +302,8 @@ class OrtRunner:
             cached = _SESSIONS.get(key)
             if cached is not None:
                 _SESSIONS.move_to_end(key)
-                return cached[0]
+                sess, self.notes = cached[0]
+                return sess
         grown = ResidentGrowth()
         sess = self._create()
         # charged what it holds: the model's bytes (onnxruntime's Python session keeps them), and what creating it
@@ -270,7 +311,7 @@ class OrtRunner:
         # its first run adds its arena (`run`)
         cost = len(self.model_bytes) + max(self._external_bytes, grown.stop())
         with _LOCK:
-            _SESSIONS[key] = (sess, cost)
+            _SESSIONS[key] = ((sess, self.notes), cost)
             trim_cache(_SESSIONS)
         self._uncharged = key
         return sess
@@ -286,9 +327,16 @@ class OrtRunner:
         if ep != "CPUExecutionProvider":
             providers.append("CPUExecutionProvider")  # nodes the EP lacks fall back, as in production
         try:
-            sess = onnxruntime.InferenceSession(
-                self.model_path or self.model_bytes, sess_options=_make_options(self.session_options), providers=providers
-            )
+            try:
+                sess = onnxruntime.InferenceSession(
+                    self.model_path or self.model_bytes, sess_options=_make_options(self.session_options), providers=providers
+                )
+            except Exception as exc:
+                m = _IR_TOO_NEW.search(str(exc))
+                if not m:
+                    raise
+                # a model written by a newer onnx (onnx 1.23 writes IR 14; onnxruntime 1.31 reads <= 13)
+                sess = self._create_at_ir(int(m.group(1)), int(m.group(2)), providers)
         except Exception as exc:  # onnxruntime raises its own exception classes per status code
             m = _NOT_IMPL.search(str(exc))
             if m:
@@ -296,6 +344,50 @@ class OrtRunner:
             raise
         if ep not in sess.get_providers():
             raise ProviderUnavailableError(f"onnxruntime fell back from {ep} to {sess.get_providers()}: the EP failed to load here")
+        if self.provider_options:
+            # onnxruntime ignores an option its provider does not know: refused here, naming what it knows
+            known = sess.get_provider_options().get(ep, {})
+            unknown = sorted(set(self.provider_options) - set(known))
+            if unknown:
+                raise ValueError(
+                    f"onnxruntime's {ep} has no option {', '.join(map(repr, unknown))}; "
+                    + (f"its options: {', '.join(sorted(known))}" if known else "it takes no options")
+                )
+        return sess
+
+    def tf32(self, dtype: str) -> bool:
+        """Whether onnxruntime may compute `dtype` in TF32 here (CUDA, float32, use_tf32 not 0)."""
+        return tf32_in_play(self.provider, dtype, self.provider_options)
+
+    def _create_at_ir(self, ir: int, max_ir: int, providers: list[Any]) -> Any:
+        """The session of the model with its IR version lowered to `max_ir` (what this onnxruntime reads),
+        when the model uses nothing of the versions above; else one line naming the fix."""
+        import onnxruntime
+
+        from ..model_io import parse_model, required_ir_version
+
+        proto = parse_model(self.model_bytes)
+        needed, why = required_ir_version(proto)
+        if needed > max_ir:
+            raise IrVersionError(
+                f"the model needs IR version {needed} ({why}) and onnxruntime {onnxruntime.__version__} reads IR <= {max_ir}: "
+                f"install an onnxruntime that reads IR {needed}, or build the model without {why}"
+            )
+        proto.ir_version = max_ir
+        options = self.session_options
+        if self.model_path is not None:  # its external data stays where it is: the folder named
+            if options is not None and not isinstance(options, Mapping):
+                raise IrVersionError(
+                    f"the model file has IR version {ir} and onnxruntime {onnxruntime.__version__} reads IR <= {max_ir}; "
+                    f"save it with ir_version={max_ir} (it uses nothing newer), or pass session options as a dict"
+                )
+            options = {**(options or {}), EXTERNAL_DATA_FOLDER: str(Path(self.model_path).parent)}
+        sess = onnxruntime.InferenceSession(proto.SerializeToString(), sess_options=_make_options(options), providers=providers)
+        self.notes = (
+            *self.notes,
+            f"IR version {ir} read as {max_ir}: onnxruntime {onnxruntime.__version__} reads IR <= {max_ir}, and the model "
+            f"uses nothing newer (it needs IR {needed}); onnx.helper.make_model(..., ir_version={max_ir}) writes it so",
+        )
         return sess
 
     @property
@@ -359,33 +451,111 @@ class OrtRunner:
         shapeless = {i.name for i in proto.graph.input if i.type.HasField("tensor_type") and not i.type.tensor_type.HasField("shape")}
         return {name: replace(spec, dims=None) if name in shapeless and spec.dims == () else spec for name, spec in specs.items()}
 
-    def _run_bound(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
-        import onnxruntime
+    @property
+    def output_dtypes(self) -> dict[str, torch.dtype | None]:
+        """Output name -> the torch dtype the model declares (None for a type torch lacks, or no tensor)."""
+        if self._output_dtypes is None:
+            self._output_dtypes = {o.name: _declared_torch_dtype(o.type) for o in self.session.get_outputs()}
+        return self._output_dtypes
 
+    def _run_bound(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         binding = sess.io_binding()
         keep = []
+        dev = "cuda" if self.device.type == "cuda" else "cpu"
+        index = self.device.index or 0
         for name, value in feeds.items():
             t = to_torch(value).detach()  # (DLPack refuses a tensor that requires grad)
             if self.device.type == "cuda" and t.device.type != "cuda":
                 t = t.to(self.device)
             t = t.contiguous()
             keep.append(t)
-            binding.bind_ortvalue_input(name, onnxruntime.OrtValue.from_dlpack(t))
-        dev = "cuda" if self.device.type == "cuda" else "cpu"
+            binding.bind_ortvalue_input(name, _ortvalue(t, dev, index))
         for name in names:
-            binding.bind_output(name, dev, self.device.index or 0)
+            binding.bind_output(name, dev, index)
         sess.run_with_iobinding(binding)
-        return [self._to_torch(o) for o in binding.get_outputs()]
+        declared = self.output_dtypes
+        return [self._to_torch(o, declared.get(n)) for n, o in zip(names, binding.get_outputs(), strict=True)]
 
-    def _to_torch(self, value: Any) -> torch.Tensor:
+    def _to_torch(self, value: Any, declared: torch.dtype | None = None) -> torch.Tensor:
         # zero copy where this onnxruntime's OrtValue speaks DLPack; a host round trip otherwise
-        if hasattr(value, "__dlpack__"):
-            return torch.from_dlpack(value)
-        return to_torch(value.numpy(), self.device if self.device.type == "cuda" else None)
+        if hasattr(value, "__dlpack__") and (declared is None or declared not in _DLPACK_REFUSED_OUT):
+            try:
+                t = torch.from_dlpack(value)
+            except Exception:  # (1.31 exports no float8: "GetDlpackDataType ... Unexpected data type of 17")
+                if declared is not None:
+                    _DLPACK_REFUSED_OUT.add(declared)
+            else:
+                if declared is None or t.dtype == declared:
+                    return t
+                if _same_bits(t, declared):
+                    return t.view(declared)  # (1.31 exports bool as uint8: the model's dtype, no copy)
+                _DLPACK_REFUSED_OUT.add(declared)  # any other change of dtype: the host copy, from now on
+        t = to_torch(value.numpy(), self.device if self.device.type == "cuda" else None)
+        # (1.31 hands float8 back as its uint8 bits, bool as uint8)
+        return t.view(declared) if declared is not None and t.dtype != declared and _same_bits(t, declared) else t
 
     def _run_numpy(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
         np_feeds = {k: to_numpy(v) for k, v in feeds.items()}
         outs = sess.run(names, np_feeds)
         return [to_torch(o, self.device if self.device.type == "cuda" else None) for o in outs]
+
+
+# (torch dtype, device type) of feeds this onnxruntime's `OrtValue.from_dlpack` refused (1.31: bool), and
+# declared output dtypes its DLPack export changed: those go through a host array, every other tensor of
+# the run still through DLPack
+_DLPACK_REFUSED: set[tuple[torch.dtype, str]] = set()
+_DLPACK_REFUSED_OUT: set[torch.dtype] = set()
+
+
+def _ortvalue(t: torch.Tensor, dev: str, index: int) -> Any:
+    """An OrtValue holding `t` (contiguous, on the runner's device): through DLPack without a copy where this
+    onnxruntime takes the dtype, else from a host array (copied back to the GPU for CUDA)."""
+    import onnxruntime
+
+    key = (t.dtype, t.device.type)
+    if key not in _DLPACK_REFUSED:
+        try:
+            value = onnxruntime.OrtValue.from_dlpack(t)
+        except Exception:  # onnxruntime raises a plain RuntimeError ("Unsupported code 6") for a dtype it lacks
+            _DLPACK_REFUSED.add(key)
+        else:
+            if _ORT_TYPE.get(t.dtype) in (None, value.data_type()):
+                return value
+            _DLPACK_REFUSED.add(key)  # taken as another element type: not this tensor
+    return onnxruntime.OrtValue.ortvalue_from_numpy(to_numpy(t), dev, index)
+
+
+def _same_bits(t: torch.Tensor, declared: torch.dtype) -> bool:
+    """`t` holds `declared`'s values as the bits of an integer type of its size (uint8 for bool or a float8)."""
+    if declared == torch.bool:
+        return t.dtype == torch.uint8
+    return declared.is_floating_point and not t.is_floating_point() and t.dtype != torch.bool and t.element_size() == declared.itemsize
+
+
+def _declared_torch_dtype(type_str: str) -> torch.dtype | None:
+    """The torch dtype of onnxruntime's type string "tensor(float16)" (None for other types)."""
+    if not type_str.startswith("tensor("):
+        return None
+    name = type_str[len("tensor(") : -1]
+    try:
+        return parse_dtype(name).torch
+    except (ValueError, KeyError):
+        # onnxruntime's "float8e4m3fn" is torch's float8_e4m3fn (where this torch has it)
+        found = getattr(torch, name.replace("float8", "float8_"), None) if name.startswith("float8") else None
+        return found if isinstance(found, torch.dtype) else None
+
+
+# onnxruntime's type strings of the dtypes whose DLPack import is checked (a wrong element type is caught)
+_ORT_TYPE: dict[torch.dtype, str] = {
+    torch.bool: "tensor(bool)",
+    torch.uint8: "tensor(uint8)",
+    torch.int8: "tensor(int8)",
+    torch.float16: "tensor(float16)",
+    torch.bfloat16: "tensor(bfloat16)",
+    torch.float32: "tensor(float)",
+    torch.float64: "tensor(double)",
+    torch.int32: "tensor(int32)",
+    torch.int64: "tensor(int64)",
+}
 
 

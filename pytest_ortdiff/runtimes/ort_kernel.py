@@ -244,7 +244,7 @@ class OrtKernel(Kernel):
         fed = [x for i, x in enumerate(inputs) if x is not None and i not in self.constant_inputs]
         feeds = {n: _carry(x) if carried else x for n, x, carried in zip(one.feed_names, fed, one.carried_in, strict=True)}
         outs = iter([y if dt is None else _uncarry(y, dt) for y, dt in zip(one.runner.run(one.fetch, feeds), one.retag, strict=True)])
-        return tuple(next(outs) if o else torch.empty(0) for o in self.node.output)
+        return tuple(next(outs) if o else torch.empty(0, device=self.ctx.device) for o in self.node.output)
 
 
 class _OneNode(NamedTuple):

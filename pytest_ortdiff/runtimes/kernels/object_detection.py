@@ -256,7 +256,7 @@ class NonMaxSuppression(Kernel):
                         order = order[s[order] > score_threshold.reshape(-1)[0].to(s.dtype)]
                     order = order.cpu()
                     sup = suppress[b][order][:, order]
-                    alive = torch.ones(order.numel(), dtype=torch.bool)
+                    alive = torch.ones(order.numel(), dtype=torch.bool, device=order.device)  # (on the host, as `sup`)
                     kept: list[int] = []
                     # one step per *kept* box (at most `limit`), each suppressing its overlaps at once
                     while len(kept) < limit:
@@ -268,9 +268,9 @@ class NonMaxSuppression(Kernel):
                         alive &= ~sup[i]
                         alive[i] = False
                     if kept:
-                        idx = order[torch.tensor(kept, dtype=torch.long)]
+                        idx = order[torch.tensor(kept, dtype=torch.long, device=order.device)]
                         rows.append(torch.stack(
                             [torch.full_like(idx, b), torch.full_like(idx, c), idx], dim=1
                         ))
-        out = torch.cat(rows) if rows else torch.zeros(0, 3, dtype=torch.long)
+        out = torch.cat(rows) if rows else torch.zeros(0, 3, dtype=torch.long, device=dev)
         return (out.to(device=dev, dtype=torch.int64),)

@@ -64,7 +64,7 @@ def nchwc_block_size() -> int:
         [oh.make_tensor_value_info("x", p, [1, 4, 4, 4])], [oh.make_tensor_value_info("y", p, [1, 24, 4, 4])],
         [nh.from_array(np.ones((32, 4, 1, 1), np.float32), "w0"), nh.from_array(np.ones((24, 32, 1, 1), np.float32), "w1")],
     )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=10)  # (onnxruntime 1.31 reads IR <= 13)
     with tempfile.TemporaryDirectory() as tmp:
         so = onnxruntime.SessionOptions()
         so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
