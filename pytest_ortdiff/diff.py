@@ -1158,7 +1158,9 @@ def _exact_max(r: np.ndarray, mask: np.ndarray, exact: Any) -> float:
     """The largest exact ratio of a chunk, from `r` (the ratios rounded to the work dtype, none NaN):
     `exact(indices)` in float64 on the elements whose rounded ratio is the largest."""
     top = r.max()
-    if r.dtype == np.float64 or top == 0:
+    # (a top of 0 is exact only where the chunk's d are all 0; _floored_chunk calls with some d > 0, whose
+    # ratios then all underflowed the work dtype: the float64 ones decide)
+    if r.dtype == np.float64:
         return float(top)
     np.greater_equal(r, top, out=mask)
     return float(exact(np.flatnonzero(mask)).max())
@@ -1485,7 +1487,8 @@ def _torch_floored(d: torch.Tensor, ec: torch.Tensor, special: torch.Tensor | No
         top = float(a.max())
         # (a quotient by a power of two is exact unless subnormal)
         exact = st.work == torch.float64 or (in_ulps and torch.finfo(st.work).tiny <= top < math.inf)
-        if top > 0 and not exact:
+        # (a top of 0 with some d > 0: every ratio underflowed the work dtype; the float64 ones decide)
+        if not exact and (top > 0 or bool((d > 0).any())):
             best = 0.0
             for idx in _indices(a == top):
                 e64 = ec[idx].double().abs_().clamp_min_(st.floor)

@@ -1013,3 +1013,20 @@ def test_outside_when_rtol_lets_the_max_abs_element_in(code_path: str) -> None:
     r = run(code_path, e, g, tolerance=(0.0, 0.01))
     assert r.argmax == (0,) and r.out_of_tolerance == 2
     assert r.outside_at == (1,) and (r.expected_at_outside, r.got_at_outside) == (float(e[1]), float(g[1]))
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("special", [False, True])
+def test_floored_ratios_that_underflow_the_work_dtype_are_decided_in_float64(kind: str, special: bool) -> None:
+    """An output of scale 2**55 with an element that should be 0 and is 1e-40 (a float32 subnormal): its floored
+    relative error, 1e-40 / 2**55, underflows float32 (where 16-bit and float32 pairs are compared) to 0, and
+    is the float64 quotient on every path (the torch path said 0 where numpy said 2.5e-57)."""
+    big = 5.6294995e16 if kind != "float16" else 32768.0
+    tiny = 9.1835e-41 if kind != "float16" else 6e-8
+    e = np.array([-big, 0.0], dtype=np.float32)
+    g = np.array([-np.inf if special else -big, tiny], dtype=np.float32)
+    reports = {p: run(p, to_tensor(e, kind), to_tensor(g, kind)) for p in PATHS}
+    r = reports["numpy"]
+    t = float(to_tensor(g, kind)[1].double())
+    assert r.rel_floor is not None and r.max_rel_floored == t / r.rel_floor > 0
+    assert_same_numbers(reports["torch-chunks"], r)

@@ -311,5 +311,7 @@ def test_blame_rows_of_gemms_and_convolutions_say_tf32_when_it_was_in_play(monke
     assert {r.op_type: r.tf32 for r in table.rows} == {"LayerNormalization": False, "MatMul": True, "Add": False}
     text = table.render(top=10)
     assert "MatMul (TF32)" in text and "Add (TF32)" not in text
-    assert text.splitlines()[-1].startswith("note: (TF32) rows: onnxruntime's CUDA provider ran with use_tf32=1 (its default)")
+    note = text[text.index("note: (TF32) rows: ") :]
+    assert " ".join(note.split()).startswith("note: (TF32) rows: onnxruntime's CUDA provider ran with use_tf32=1 (its default)")
+    assert "--ort-provider-options=CUDA:use_tf32=0" in note.replace("\n", "")
     assert table.to_dict()["rows"][0]["tf32"] in (True, False)
