@@ -266,7 +266,7 @@ def test_case_cache_is_never_written_through_a_planted_symlink(tmp_path: Any) ->
 #: Mistral, Phi-3, T5, ViT, Whisper and CLIP has a kernel, and every case run on this machine's onnxruntime
 #: matches it or departs by what it names. The CUDA-only cases count as "no onnxruntime" without a GPU.
 GOAL_OPS = 52
-GOAL_PASS_CPU = 330
+GOAL_PASS_CPU = 326  # (on onnxruntime 1.31: 1.32's 332 less 6 cases of variants 1.31 lacks)
 GOAL_MAX_DEPARTS = 10
 MUST_HAVE = {
     "SimplifiedLayerNormalization", "com.microsoft::SkipSimplifiedLayerNormalization", "com.microsoft::SkipLayerNormalization",

@@ -23,6 +23,8 @@ def test_contrib_case_matches_onnxruntime(case: ContribCase) -> None:
         r = _result(case.name, provider)
         if r.status == "no onnxruntime" and provider != "CPU":
             continue  # a CUDA-only op without CUDA: checked on a GPU
+        if r.status == "no onnxruntime" and case.min_onnxruntime:
+            pytest.skip(r.detail)  # (onnxruntime 1.31, the newest onnxruntime-gpu's line, lacks the variant)
         assert r.status in ("pass", "departs"), f"{case.name} on {provider}: {r.status}: {r.detail}"
         assert r.ulp is not None and r.allowed is not None
         if r.status == "departs":

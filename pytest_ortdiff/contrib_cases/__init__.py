@@ -58,6 +58,10 @@ class ContribCase:
     providers: tuple[str, ...] = ("CPU",)
     max_ulp: float | None = None  # None: 4 for float32, 1 for 16-bit
     departs: str = ""
+    #: the first onnxruntime that runs the case, and what an older one does ("crashes", "refuses the node"):
+    #: on an older one there is nothing to compare with (the newest onnxruntime-gpu lags the newest onnxruntime)
+    min_onnxruntime: str = ""
+    before: str = ""
     #: the oracle (the kernel in float64) against onnxruntime's float32 output: at most this many
     #: floored float32 ULPs (None: 64, or 4 x max_ulp when larger)
     oracle_max_ulp: float | None = None
@@ -194,6 +198,20 @@ def _floored_ulp(expected: Sequence[Any], got: Sequence[Any], dtype: str | None 
     return worst
 
 
+def _too_old(case: ContribCase) -> str | None:
+    """Why this onnxruntime cannot run `case` (older than its `min_onnxruntime`), or None."""
+    if not case.min_onnxruntime:
+        return None
+    import onnxruntime
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
+
+    if version(onnxruntime.__version__) >= version(case.min_onnxruntime):
+        return None
+    return f"onnxruntime {onnxruntime.__version__} {case.before or 'cannot run this variant'}; onnxruntime {case.min_onnxruntime} runs it"
+
+
 def _ort(model: Any, provider: str, feeds: Feeds, shared: Sequence[tuple[str, str]] = ()) -> list[Any]:
     from ..runtimes.ort import OrtRunner
 
@@ -242,7 +260,7 @@ def run_case(case: ContribCase, provider: str | None = None) -> ContribResult:
     def result(status: str, detail: str = "", **kw: Any) -> ContribResult:
         return ContribResult(case.name, case.op, case.dtype, provider, status, detail=detail, **kw)
 
-    why = unavailable_reason(provider)
+    why = unavailable_reason(provider) or _too_old(case)
     if why:
         return result("no onnxruntime", why)
     model, feeds = case.build()

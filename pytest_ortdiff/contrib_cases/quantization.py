@@ -127,11 +127,16 @@ def _nbits_cases() -> list[ContribCase]:
     op = f"{MS}::MatMulNBits"
     out: list[ContribCase] = []
 
-    def add(name: str, dtype: str, providers: tuple[str, ...] = ("CPU",), departs: str = "", **kw: Any) -> None:
+    def add(name: str, dtype: str, providers: tuple[str, ...] = ("CPU",), departs: str = "", since: tuple[str, str] = ("", ""), **kw: Any) -> None:
         # float32: sums of up to 256 products, rounded in another order on each side (the oracle finds
         # onnxruntime itself up to 8 ULPs from the exact product)
         ulp = 8.0 if dtype == "float32" else None
-        out.append(ContribCase(f"MatMulNBits-{name}-{dtype}", op, dtype, _matmul_nbits(dtype, **kw), providers=providers, max_ulp=ulp, departs=departs))
+        out.append(
+            ContribCase(
+                f"MatMulNBits-{name}-{dtype}", op, dtype, _matmul_nbits(dtype, **kw), providers=providers, max_ulp=ulp, departs=departs,
+                min_onnxruntime=since[0], before=since[1],
+            )
+        )
 
     for dtype in ("float32", "float16"):
         add("4bit-default-zp", dtype)
@@ -142,7 +147,7 @@ def _nbits_cases() -> list[ContribCase]:
         add("4bit-g_idx-packed-zp", dtype, g_idx=True, zero_points="packed", departs=_G_IDX_ZP)
         add("8bit-packed-zp", dtype, bits=8, block_size=32, zero_points="packed", bias=True)
         add("4bit-bs128-level1", dtype, block_size=128, k=256, n=8, zero_points="packed", accuracy_level=1)
-        add("empty-weight-bias", dtype, empty=True, bias=True)
+        add("empty-weight-bias", dtype, empty=True, bias=True, since=("1.32", "refuses or crashes on an empty weight (its PrePack checks B's shape)"))
         add("4bit-level4", dtype, zero_points="packed", accuracy_level=4, a_shape=(2, 5), departs=_LEVEL4)
         add("8bit-level4", dtype, bits=8, accuracy_level=4, departs=_LEVEL4)
     add("2bit-packed-zp", "float32", bits=2, block_size=32, zero_points="packed")
