@@ -398,6 +398,12 @@ def check_outputs(where: str, outputs: Any) -> None:
     if bad is not None or not values:
         got = type(outputs).__name__ if bad is None or bad is outputs else f"a {type(outputs).__name__} holding a {type(bad).__name__}"
         raise TypeError(f"{where}: outputs must be a tensor or array, or a list/tuple/dict of them; got {got}")
+    sizes = [int(np.prod(tuple(v.dims))) if isinstance(v, onnx.TensorProto) else int(np.size(v) if not isinstance(v, torch.Tensor) else v.numel()) for v in values]
+    if not any(sizes):
+        # a baseline of nothing compares nothing on every later run: never a pass
+        names = list(outputs) if isinstance(outputs, Mapping) else [f"output {i}" for i in range(len(values))]
+        shapes = ", ".join(f"{n} {list(v.dims) if isinstance(v, onnx.TensorProto) else list(v.shape)}" for n, v in zip(names, values, strict=True))
+        raise ValueError(f"{where}: every output is empty ({shapes}): a baseline of 0 elements compares nothing; feed a non-empty input")
 
 
 def write_baseline(

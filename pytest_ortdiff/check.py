@@ -682,6 +682,11 @@ class Checker:
                 )
         except UnsupportedByProviderError as exc:
             raise UnsupportedByProvider(self.provider, self.dtype, exc.op, str(exc)) from None
+        compared = [v.report for v in report.variations if not v.error and v.report is not None]
+        if compared and not any(r.n for r in compared):
+            # every output empty: bitwise identical runs of nothing say nothing about reproducibility
+            given = ", ".join(f"{k} {list(getattr(v, 'shape', ()))}" for k, v in feeds.items())
+            raise ValueError(f"check_reproducible: compared 0 elements: every output is empty for the feeds given ({given}); feed a non-empty input")
         if not report.reproducible:
             raise NotReproducible(report.render(), report)
         return report

@@ -26,6 +26,14 @@ __all__ = ["main"]
 def _merge(args: argparse.Namespace) -> int:
     from collections import Counter
 
+    from .session import foreign_report
+
+    # as pytest's --ortdiff-json/--ortdiff-html: a path holding something else than our report is kept
+    for flag, value, kind in (("--output", args.output, "json"), ("--html", args.html, "html")):
+        why = foreign_report(Path(value), kind) if value else None  # type: ignore[arg-type]
+        if why:
+            print(f"error: {flag} {_printable(value)}: {why}, so it is not overwritten: give the report a path of its own", file=sys.stderr)
+            return 2
     from .matrix import job_labels, pivot
 
     files: list[ResultsFile] = []
@@ -531,7 +539,8 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=1))
     elif result.passed:
         notes = "\n".join(f"note: {note}" for note in result.notes)
-        _say("\n".join(x for x in (f"passed ({checker.tolerance.describe()})", result.ran_on_ort_line(), notes, result.report.render()) if x))
+        widened = f"compared as the float32 values they hold (each value of theirs is one): {', '.join(result.widened)}" if result.widened else ""
+        _say("\n".join(x for x in (f"passed ({checker.tolerance.describe()})", result.ran_on_ort_line(), widened, notes, result.report.render()) if x))
     else:
         _say(result.render())
     return 0 if result.passed else 1
@@ -690,16 +699,23 @@ def _precision(args: argparse.Namespace) -> int:
     feeds = [m.feeds(args.seed + i, torch_device(args.provider)) for i in range(args.samples)]
     try:
         report = _engine(lambda: keep_float32(m.proto, feeds, dtype=args.dtype, tolerance=args.tolerance, provider=args.provider, missing=args.missing), m)
-        if args.write_converted and report.converted_model is not None:
-            report.write_converted(args.write_converted)
     except (ValueError, OSError) as exc:
         raise _CompareError(str(exc)) from None
     assert report.audit is not None
     seeds = f"seed {args.seed}" if args.samples == 1 else f"seeds {args.seed} and {args.seed + 1}" if args.samples == 2 else f"seeds {args.seed} to {args.seed + args.samples - 1}"
     samples = f"{args.samples} sample{'' if args.samples == 1 else 's'} ({seeds})"
+    # the finished search is printed first: a full disk costs the written model, never the list
     _say(f"{args.model}: {samples}, dims {m.dims}{_notes(args, m)}\n\n{report.audit.render()}\n\n{report.render()}")
     if args.write_converted:
-        print(f"\nwrote {args.write_converted}" if report.converted_model is not None else f"\nnot written: {args.write_converted} (no verified list)")
+        if report.converted_model is None:
+            print(f"\nnot written: {args.write_converted} (no verified list)")
+        else:
+            try:
+                report.write_converted(args.write_converted)
+            except (ValueError, OSError) as exc:
+                print(f"error: --write-converted {_printable(args.write_converted)}: {_printable(str(exc))} (the list above stands; what was at that path is untouched)", file=sys.stderr)
+                return 2
+            print(f"\nwrote {args.write_converted}")
     return 0 if report.verified else 1
 
 

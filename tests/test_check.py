@@ -255,6 +255,20 @@ def test_a_check_that_compared_nothing_fails(reference: str) -> None:
         assert (row.passed, row.max_abs, row.worst) == (False, None, EMPTY)
 
 
+def test_baseline_and_reproducibility_checks_of_nothing_fail(tmp_path: Path) -> None:
+    """As a check: a baseline of empty outputs, or bitwise identical runs of empty outputs, compared 0 elements,
+    which is not a pass; nothing is written."""
+    checker = Checker("CPU", "float32")
+    with pytest.raises(ValueError, match=r"check_baseline\('y', \.\.\.\): every output is empty \(y \[0, 4\]\): a baseline of 0 elements compares nothing; feed a non-empty input"):
+        checker.check_baseline(tmp_path / "y.npz", {"y": torch.zeros(0, 4)}, name="y", update=True)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match=r"check_reproducible: compared 0 elements: every output is empty for the feeds given \(x \[0, 4\], w \[0, 2\]\)"):
+        checker.check_reproducible(_relu2(), {"x": torch.zeros(0, 4), "w": torch.zeros(0, 2)}, runs=2)
+    # one empty output beside others is compared (by shape) as the check does
+    report = checker.check_reproducible(_relu2(), {"x": torch.zeros(0, 4), "w": torch.ones(3, 2)}, runs=2)
+    assert report.reproducible
+
+
 def test_outputs_empty_in_both_runtimes_beside_others_are_compared_by_shape_and_named() -> None:
     """An output empty for these feeds (no detection in this image) while another has elements: the check judges
     the elements there are, the empty output's shape must agree, and the report names it."""
@@ -335,6 +349,8 @@ def test_compare_runs_models_that_onnx_checker_passes(cli: Callable[..., Any], t
     out = cli("compare", "m.onnx", cwd=tmp_path)
     assert (out.returncode, out.stderr) == (0, ""), out.stdout + out.stderr
     assert "passed (atol=0.0001 rtol=0.0001)" in out.stdout and "output 'y'" in out.stdout
+    if build is _float8_output:
+        assert "compared as the float32 values they hold (each value of theirs is one): y float8_e4m3fn" in out.stdout
 
 
 # -- the caches' bound in resident memory (issue 29, item 14) ----------------------------------------------

@@ -283,3 +283,20 @@ def test_xdist_group_suffix_is_not_part_of_the_test() -> None:
 
     assert test_key("t.py::test_x[CUDA-float16]@ortdiff-gpu") == "t.py::test_x"
     assert test_key("t.py::test_y[CUDA-float32-7]@ortdiff-gpu") == "t.py::test_y[7]"
+
+
+def test_merge_never_writes_over_a_file_that_is_not_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """merge --output/--html as pytest's --ortdiff-json/--ortdiff-html: a path holding something else (a test
+    module given by mistake) is refused and kept byte for byte; our own report there is replaced."""
+    jobs = _jobs(tmp_path, ("cpu-a", JOB_A))
+    module = tmp_path / "test_models.py"
+    module.write_text("def test_x():\n    pass\n")
+    for flag in ("--output", "--html"):
+        rc = main(["merge", *jobs, flag, str(module)])
+        err = capsys.readouterr().err
+        assert rc == 2 and module.read_text() == "def test_x():\n    pass\n"
+    assert f"error: --html {module}: is not a report written by pytest-ortdiff, so it is not overwritten" in err
+    out_json, out_html = tmp_path / "merged.json", tmp_path / "merged.html"
+    for _ in range(2):  # (the second time over the first's own reports)
+        rc, _ = _merge(capsys, *jobs, "--output", str(out_json), "--html", str(out_html))
+        assert rc == 0 and json.loads(out_json.read_text())["results"] and "<!DOCTYPE html>" in out_html.read_text()
