@@ -182,6 +182,8 @@ class CheckResult:
     #: lines the report adds, one short line each: what the gate did to accept the model (CheckedModel.notes),
     #: how onnxruntime ran it (an IR version read as an older one; TF32 in play on a CUDA float32 failure)
     notes: tuple[str, ...] = ()
+    #: those of `notes` the summary row carries too: the gate's (a row's cell is no place for paragraphs)
+    row_notes: tuple[str, ...] = ()
     #: why the blame table asked for is not there (blame itself failed): the report comes all the same
     blame_error: str | None = None
     #: the dtype the outputs were judged in when not the case's: the half type a model computes in behind
@@ -258,7 +260,7 @@ class CheckResult:
         where `[torch vs float64]` failed)."""
         rows = [
             row_for(
-                j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort, notes=self.notes,
+                j.report, self.tolerance, j.passed, provider=self.provider, dtype=self.dtype, suffix=j.suffix, ran_on_ort=self.ran_on_ort, notes=self.row_notes,
                 worst=None if j.report.n else "; ".join(str(v) for v in j.violations) or None,
             )
             for j in self.judgements
@@ -577,6 +579,7 @@ class Checker:
             model=m.graph.name,
             widened=widened,
             notes=(*checked.notes, *notes),
+            row_notes=checked.notes,
             judged_dtype=judged if judged != self.dtype else None,
         )
         if not result.passed:
