@@ -17,21 +17,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_ortdiff"
 
 #: the pytest-free core: what the command line and users without pytest run
 CORE = (
-    "check",
-    "results",
-    "selection",
-    "model_io",
-    "formatting",
-    "fuzz",
-    "tolerance",
-    "report",
-    "diff",
-    "dtypes",
-    "providers",
-    "blame",
-    "baseline",
-    "reproducible",
-    "strategies",
+    "engine.check",
+    "numerics.results",
+    "runtimes.selection",
+    "runtimes.model_io",
+    "numerics.formatting",
+    "analyses.fuzz",
+    "numerics.tolerance",
+    "numerics.report",
+    "numerics.diff",
+    "numerics.dtypes",
+    "runtimes.providers",
+    "engine.blame",
+    "engine.baseline",
+    "engine.reproducible",
+    "analyses.strategies",
     "cli",
 )
 
@@ -131,7 +131,7 @@ def cycles(graph: Mapping[str, Set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_cycle() -> None:
     graph = import_graph()
-    assert "pytest_ortdiff.check" in graph and graph["pytest_ortdiff.fixtures"] >= {"pytest_ortdiff.check"}
+    assert "pytest_ortdiff.engine.check" in graph and graph["pytest_ortdiff.plugin.fixtures"] >= {"pytest_ortdiff.engine.check"}
     assert cycles(graph) == []
 
 
@@ -143,13 +143,13 @@ def test_a_cycle_is_found() -> None:
 
 @pytest.mark.parametrize("module", CORE)
 def test_the_core_imports_no_pytest(module: str) -> None:
-    path = PACKAGE / f"{module}.py"
+    path = PACKAGE / f"{module.replace('.', '/')}.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level}
     assert not imported & {"pytest", "_pytest"}, f"{module}.py imports pytest"
     # and nothing that does, inside the package
-    pytest_side = {"pytest_ortdiff.plugin", "pytest_ortdiff.fixtures", "pytest_ortdiff.session"}
+    pytest_side = {"pytest_ortdiff.plugin", "pytest_ortdiff.plugin.hooks", "pytest_ortdiff.plugin.fixtures", "pytest_ortdiff.plugin.session"}
     assert not import_graph()[f"pytest_ortdiff.{module}"] & pytest_side
 
 
@@ -158,7 +158,7 @@ def test_imports_stay_light() -> None:
     and the package load neither torch nor onnxruntime."""
     code = (
         "import sys\n"
-        "import pytest_ortdiff.check, pytest_ortdiff.results, pytest_ortdiff.model_io, pytest_ortdiff.cli\n"
+        "import pytest_ortdiff.engine.check, pytest_ortdiff.numerics.results, pytest_ortdiff.runtimes.model_io, pytest_ortdiff.cli\n"
         "print('pytest' in sys.modules, '_pytest' in sys.modules)\n"
         "import pytest_ortdiff\n"
         "print(any(m in sys.modules for m in ('torch', 'onnxruntime')))\n"
@@ -174,9 +174,10 @@ def test_public_names_resolve_after_their_modules_load() -> None:
     import importlib
 
     import pytest_ortdiff
-    import pytest_ortdiff.blame  # binds the submodule on the package, as any user of it does
+
+    importlib.import_module("pytest_ortdiff.blame")  # binds the module on the package, as any user of the old path does
 
     blame = importlib.import_module("pytest_ortdiff").blame
-    assert callable(blame) and blame.__module__ == "pytest_ortdiff.blame"
+    assert callable(blame) and blame.__module__ == "pytest_ortdiff.engine.blame"
     assert all(getattr(pytest_ortdiff, name) is not None for name in pytest_ortdiff.__all__)
-    assert pytest_ortdiff.Checker.__module__ == "pytest_ortdiff.check"
+    assert pytest_ortdiff.Checker.__module__ == "pytest_ortdiff.engine.check"

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from pytest_ortdiff import conformance, models
 from pytest_ortdiff.cli import _model_dtype, main
 from pytest_ortdiff.conformance import CaseResult
-from pytest_ortdiff.providers import unavailable_reason
+from pytest_ortdiff.runtimes.providers import unavailable_reason
 
 
 def _report_lines(text: str) -> list[str]:

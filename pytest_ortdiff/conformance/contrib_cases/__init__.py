@@ -176,7 +176,7 @@ def _floored_ulp(expected: Sequence[Any], got: Sequence[Any], dtype: str | None 
     """The largest floored ULP distance over the outputs (exact for integer outputs: 0 or inf)."""
     import torch
 
-    from ..diff import compare
+    from ...numerics.diff import compare
 
     worst = 0.0
     for e, g in zip(expected, got, strict=True):
@@ -213,7 +213,7 @@ def _too_old(case: ContribCase) -> str | None:
 
 
 def _ort(model: Any, provider: str, feeds: Feeds, shared: Sequence[tuple[str, str]] = ()) -> list[Any]:
-    from ..runtimes.ort import OrtRunner
+    from ...runtimes.ort import OrtRunner
 
     runner = OrtRunner(model, provider=provider, session_options={"log_severity_level": 3})  # (shape warnings of one-node models)
     if not shared:
@@ -222,7 +222,7 @@ def _ort(model: Any, provider: str, feeds: Feeds, shared: Sequence[tuple[str, st
     import onnxruntime as ort
     import torch
 
-    from ..runtimes.tensors import to_numpy, to_torch
+    from ...numerics.tensors import to_numpy, to_torch
 
     # each shared output is bound to its input's OrtValue: onnxruntime writes into the input's buffer (a
     # copy: the feeds stay as they were for the torch runs)
@@ -250,10 +250,10 @@ def _ort(model: Any, provider: str, feeds: Feeds, shared: Sequence[tuple[str, st
 def run_case(case: ContribCase, provider: str | None = None) -> ContribResult:
     """Run `case` through the torch evaluator, its float64 oracle and onnxruntime on `provider` (default:
     the case's first), and classify the outcome (see STATUSES)."""
-    from ..providers import torch_device, unavailable_reason
-    from ..runtimes.evaluator import MissingKernelError, TorchEvaluator
-    from ..runtimes.kernels import UnsupportedVariantError
-    from ..runtimes.ort import UnsupportedByProviderError
+    from ...runtimes.evaluator import MissingKernelError, TorchEvaluator
+    from ...runtimes.kernels import UnsupportedVariantError
+    from ...runtimes.ort import UnsupportedByProviderError
+    from ...runtimes.providers import torch_device, unavailable_reason
 
     provider = provider or case.providers[0]
 

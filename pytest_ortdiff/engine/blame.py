@@ -26,12 +26,17 @@ import onnx
 import onnx.numpy_helper
 import torch
 
-from . import diff as _diff  # (its chunking constants: blame's statistics sum in compare's order)
-from . import progress
-from .diff import DiffReport, compare
-from .dtypes import DType, dtype_of
-from .formatting import g, table
-from .model_io import (
+from .. import progress
+from ..numerics import (
+    diff as _diff,  # (its chunking constants: blame's statistics sum in compare's order)
+)
+from ..numerics.diff import DiffReport, compare
+from ..numerics.dtypes import DType, dtype_of
+from ..numerics.formatting import g, table
+from ..numerics.results import closer_to_oracle
+from ..numerics.tolerance import Tolerance
+from ..runtimes.evaluator import MissingKernelError, TorchEvaluator
+from ..runtimes.model_io import (
     EXTERNAL_DATA_FOLDER,
     CheckedModel,
     check_model,
@@ -43,7 +48,9 @@ from .model_io import (
     serialized,
     too_large,
 )
-from .providers import (
+from ..runtimes.ort import OrtRunner
+from ..runtimes.ort_kernel import CONSTANT_SENSITIVE, OrtKernel
+from ..runtimes.providers import (
     KNOWN,
     TF32_OPS,
     options_in_force,
@@ -52,12 +59,7 @@ from .providers import (
     tf32_line,
     torch_device,
 )
-from .results import closer_to_oracle
-from .runtimes.evaluator import MissingKernelError, TorchEvaluator
-from .runtimes.ort import OrtRunner
-from .runtimes.ort_kernel import CONSTANT_SENSITIVE, OrtKernel
-from .runtimes.tf32 import ieee_float32
-from .tolerance import Tolerance
+from ..runtimes.tf32 import ieee_float32
 
 __all__ = ["BlameRow", "BlameTable", "ScopeBlame", "blame", "node_key", "node_scope", "ort_intermediates"]
 

@@ -22,18 +22,18 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from ..check import Checker, ToleranceLike, row_for
-from ..dtypes import dtype_of
-from ..formatting import g, table
-from ..model_io import check_model, has_subgraph, iter_graphs, load_model
-from ..runtimes.evaluator import TorchEvaluator
-from ..tolerance import parse_budget  # (the command line's; kept importable from here)
+from ...engine.check import Checker, ToleranceLike, row_for
+from ...numerics.dtypes import dtype_of
+from ...numerics.formatting import g, table
+from ...numerics.tolerance import parse_budget  # (the command line's; kept importable from here)
+from ...runtimes.evaluator import TorchEvaluator
+from ...runtimes.model_io import check_model, has_subgraph, iter_graphs, load_model
 from .audit import AuditReport, audit
 
 if TYPE_CHECKING:
-    from ..diff import DiffReport
-    from ..results import CheckRow
-    from ..tolerance import Tolerance
+    from ...numerics.diff import DiffReport
+    from ...numerics.results import CheckRow
+    from ...numerics.tolerance import Tolerance
 
 __all__ = [
     "OP_TYPE_BLOCK_LIST",
@@ -183,7 +183,7 @@ class KeepReport:
     def write_converted(self, path: str | Path) -> Path:
         """Saves `converted_model` to `path` (ValueError when there is none, saying why), atomically: a
         full disk or a killed process leaves the file that was at `path` as it was, never half a model."""
-        from ..results import write_atomically
+        from ...numerics.results import write_atomically
 
         if self._converted is None:
             raise ValueError(
@@ -1052,8 +1052,8 @@ def _verify(
 ) -> tuple[Outcome, Outcome]:
     """The converted model against the oracle: on onnxruntime (the provider), and in the torch evaluator,
     which computes its half-precision nodes in half precision."""
-    from ..check import UnsupportedByProvider
-    from ..runtimes.ort import OrtRunner, UnsupportedByProviderError
+    from ...engine.check import UnsupportedByProvider
+    from ...runtimes.ort import OrtRunner, UnsupportedByProviderError
 
     feeds = [_half_feeds(f, _HALF[half], keep_io_types) for f in inputs]
     data = converted.SerializeToString()

@@ -16,7 +16,7 @@ NCHWC = "com.microsoft.nchwc"
 
 
 def _blocked(c: int) -> int:
-    from ..runtimes.kernels.contrib.layout import nchwc_block_size
+    from ...runtimes.kernels.contrib.layout import nchwc_block_size
 
     block = nchwc_block_size()
     return -(-c // block) * block
@@ -44,7 +44,7 @@ def _case(
         import torch
         from onnx import TensorProto
 
-        from ..runtimes.kernels.contrib.layout import nchwc_block_size, reorder_filter
+        from ...runtimes.kernels.contrib.layout import nchwc_block_size, reorder_filter
 
         rng = np.random.default_rng(seed)
         block = nchwc_block_size()

@@ -16,11 +16,13 @@ import onnx
 import onnx.helper
 import torch
 
-from .check import CheckFailed, row_for
-from .diff import DEFAULT_THRESHOLDS, DiffReport, compare
-from .dtypes import dtype_of
-from .formatting import g, table
-from .model_io import (
+from ..engine.check import CheckFailed, row_for
+from ..numerics.diff import DEFAULT_THRESHOLDS, DiffReport, compare
+from ..numerics.dtypes import dtype_of
+from ..numerics.formatting import g, table
+from ..numerics.results import CheckRow
+from ..numerics.tolerance import Tolerance, Violation
+from ..runtimes.model_io import (
     CheckedModel,
     check_feeds,
     check_model,
@@ -29,8 +31,6 @@ from .model_io import (
     load_model,
     model_path,
 )
-from .results import CheckRow
-from .tolerance import Tolerance, Violation
 
 __all__ = [
     "LEVELS",
@@ -353,7 +353,7 @@ def _fed(model: onnx.ModelProto, feeds: Any, label: str) -> dict[str, torch.Tens
     """`feeds` for `model`: by name when the model's inputs are all among them, else by position (two
     exporters name inputs differently); floating feeds cast to the input's declared dtype (float32 feeds
     for a float16 conversion)."""
-    from .runtimes.tensors import to_torch
+    from ..numerics.tensors import to_torch
 
     specs = input_specs(model)
     names = list(specs)
@@ -435,7 +435,7 @@ class _Execution:
     def fetch(self, names: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
         """(name, value as a numpy array) for each of `names`, in order: feeds and initializers as they are,
         computed values a chunk of about `chunk_bytes` per run; nothing is held once the caller moves on."""
-        from .runtimes.tensors import from_onnx_tensor, to_numpy
+        from ..numerics.tensors import from_onnx_tensor, to_numpy
 
         fallback = max(self._estimates.values(), default=0) or max((t.numel() * t.element_size() for t in self.feeds.values()), default=1)
         chunk: list[str] = []
@@ -489,21 +489,21 @@ class _Execution:
 
     def _torch_evaluator(self) -> Any:
         if self._evaluator is None:
-            from .providers import torch_device
-            from .runtimes.evaluator import TorchEvaluator
+            from ..runtimes.evaluator import TorchEvaluator
+            from ..runtimes.providers import torch_device
 
             self._evaluator = TorchEvaluator(self.model, device=torch_device(self.provider), missing="ort", check_model=False)
         return self._evaluator
 
     def _as_array(self, name: str, t: Any) -> np.ndarray:
-        from .runtimes.tensors import to_numpy
+        from ..numerics.tensors import to_numpy
 
         if not isinstance(t, torch.Tensor | np.ndarray):
             raise TypeError(f"{self.label}: value {name!r} is a {type(t).__name__}; compare_executions aligns tensors only (sequences and optionals are not fingerprinted)")
         return to_numpy(t)
 
     def _run(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        from .runtimes.tensors import to_numpy
+        from ..numerics.tensors import to_numpy
 
         self.runs += 1
         if self.runtime == "torch":
@@ -567,7 +567,7 @@ def _estimated_bytes(model: onnx.ModelProto, feeds: Mapping[str, torch.Tensor]) 
 def _session(data: bytes, provider: str, options: Mapping[str, Any]) -> Any:
     """An onnxruntime session of its own (not OrtRunner's process-wide cache: the exposed copies of a graph
     are used once), with OrtRunner's checks: the provider is there, an op it lacks is named."""
-    from .runtimes.ort import OrtRunner
+    from ..runtimes.ort import OrtRunner
 
     return OrtRunner(data, provider=provider, session_options={"log_severity_level": 3, **options})._create()
 
@@ -765,7 +765,9 @@ def _anchored_order(a: Sequence[Value], b: Sequence[Value]) -> list[int]:
 
 
 def _as_tolerance(tolerance: Any) -> Tolerance:
-    from .check import _as_tolerance as resolve  # (private there: the one parser of tolerance=)
+    from ..engine.check import (
+        _as_tolerance as resolve,  # (private there: the one parser of tolerance=)
+    )
 
     return resolve(tolerance)
 
@@ -874,7 +876,7 @@ def _refuse_large(checked: CheckedModel, label: str) -> None:
 
 
 def _execution(model: Any, feeds: Any, *, label: str, runtime: AlignRuntime, provider: str, session_options: Mapping[str, Any] | None, constants: bool, chunk_bytes: int, check: bool = True) -> _Execution:
-    from .providers import parse_provider
+    from ..runtimes.providers import parse_provider
 
     provider = parse_provider(provider)
     m = load_model(model)
@@ -1258,8 +1260,8 @@ def check_optimization(
     (`compare_executions`), the first changed pair found, and the node the level added that it leads to
     (FusedMatMul, Gelu, LayerNormalization, Gemm, FusedConv, ...). Returns an `OptimizationReport`.
     """
-    from .providers import parse_provider
-    from .runtimes.tensors import to_numpy
+    from ..numerics.tensors import to_numpy
+    from ..runtimes.providers import parse_provider
 
     levels = tuple(levels)
     bad = [lv for lv in levels if lv not in LEVELS]
@@ -1457,7 +1459,7 @@ def _as_judged(x: np.ndarray, dtype: str) -> np.ndarray:
     """A floating output wider than the dtype judged in, as that dtype stores it (saturated, rounded)."""
     if x.dtype.kind != "f" or x.dtype.itemsize <= dtype_of(dtype).itemsize:
         return x
-    from .runtimes.tensors import to_numpy
+    from ..numerics.tensors import to_numpy
 
     return to_numpy(torch.from_numpy(np.ascontiguousarray(_saturated(x, dtype))).to(dtype_of(dtype).torch))
 

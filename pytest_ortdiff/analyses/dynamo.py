@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from .check import (
+from ..engine.check import (
     CheckFailed,
     ToleranceBroken,
     ToleranceLike,
@@ -25,16 +25,16 @@ from .check import (
     _as_tolerance,
     row_for,
 )
-from .diff import DEFAULT_THRESHOLDS, DiffReport, compare
-from .formatting import g, table
-from .providers import KNOWN, parse_provider, torch_device, unavailable_reason
-from .tolerance import Tolerance, Violation
+from ..numerics.diff import DEFAULT_THRESHOLDS, DiffReport, compare
+from ..numerics.formatting import g, table
+from ..numerics.tolerance import Tolerance, Violation
+from ..runtimes.providers import KNOWN, parse_provider, torch_device, unavailable_reason
 
 if TYPE_CHECKING:
     import onnx
 
-    from .results import CheckRow
-    from .runtimes.ort import OrtRunner
+    from ..numerics.results import CheckRow
+    from ..runtimes.ort import OrtRunner
 
 __all__ = [
     "CallRecord",
@@ -382,7 +382,7 @@ _SHORT_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float6
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        from .dtypes import dtype_of
+        from ..numerics.dtypes import dtype_of
 
         try:
             name = dtype_of(value.dtype).short
@@ -559,7 +559,7 @@ class CompiledGraph:
                 f"the graph {len(tensors)} tensor inputs and {len(computed)} computed outputs"
             )
             return self._fall_back(entry, "export", reason), expected, None
-        from .runtimes.ort import OrtRunner, ProviderUnavailableError, UnsupportedByProviderError
+        from ..runtimes.ort import OrtRunner, ProviderUnavailableError, UnsupportedByProviderError
 
         try:
             # (errors only in onnxruntime's log: exported graphs declare shapes it re-infers and warns about)
@@ -1007,7 +1007,7 @@ def check_compile(
     if reason:
         raise RuntimeError(f"check_compile cannot run on {provider}: {reason}")
     _require_onnxscript()
-    from .dtypes import dtype_of
+    from ..numerics.dtypes import dtype_of
 
     dt = dtype_of(dtype) if dtype is not None else None
     tol = _as_tolerance(tolerance)
@@ -1059,7 +1059,7 @@ def check_compile(
         problems.append(f"nothing ran on onnxruntime: every graph fell back to eager ({why})")
     if fallbacks and not allow_fallback:
         problems.append(f"{len(fallbacks)} graph(s) fell back to eager (allow_fallback=False)")
-    from .runtimes.ort import UnsupportedByProviderError
+    from ..runtimes.ort import UnsupportedByProviderError
 
     unsupported = next((f.error for f in fallbacks if isinstance(f.error, UnsupportedByProviderError)), None)
     if unsupported is not None:  # a hole in the provider x dtype matrix, named (the fixture skips)
@@ -1104,7 +1104,7 @@ def _step_row(step: int, expected: Mapping[str, Any], got: Mapping[str, Any]) ->
 
 
 def _dtype_name(module: torch.nn.Module) -> str:
-    from .dtypes import dtype_of
+    from ..numerics.dtypes import dtype_of
 
     p = next((p for p in module.parameters() if p.is_floating_point()), None)
     return dtype_of(p.dtype).short if p is not None else "float32"

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from . import selection
-from .dtypes import DType, dtype_of
-from .model_io import load_model
+from ..numerics.dtypes import DType, dtype_of
+from ..runtimes import selection
+from ..runtimes.model_io import load_model
 
 __all__ = ["REGIMES", "PinnedDims", "dims", "dtypes", "feeds", "make_feeds", "pinned_dims", "providers", "symbolic_dims"]
 
@@ -280,7 +280,7 @@ def feeds(
 def make_feeds(model: Any, values: Mapping[str, int], regime: str, seed: int, *, dtype: Any = None, device: str = "cpu") -> dict[str, torch.Tensor]:
     """The feeds one example of `feeds()` draws: deterministic in (dims, regime, seed), so a failure
     report's three values reproduce it."""
-    from .models.feeds import _ranges
+    from ..models.feeds import _ranges
 
     m = load_model(model)
     if regime not in REGIMES:

@@ -12,9 +12,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from .formatting import g, index, pct, pct_frac, threshold
-from .matrix import Cell, Job, Matrix, pivot, ran_environment
-from .results import (
+from ..numerics.formatting import g, index, pct, pct_frac, threshold
+from ..numerics.results import (
     BaselineRow,
     CheckRow,
     ResultsFile,
@@ -22,6 +21,7 @@ from .results import (
     closer_to_oracle,
     write_atomically,
 )
+from .matrix import Cell, Job, Matrix, pivot, ran_environment
 
 __all__ = ["GENERATOR", "render", "write_html"]
 

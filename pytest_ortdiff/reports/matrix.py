@@ -9,10 +9,10 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .dtypes import TESTABLE
-from .formatting import cut, g, html_text, markdown_text
-from .providers import KNOWN
-from .results import CheckRow, Environment, ResultsFile, SkipRow, TestOutcome
+from ..numerics.dtypes import TESTABLE
+from ..numerics.formatting import cut, g, html_text, markdown_text
+from ..numerics.results import CheckRow, Environment, ResultsFile, SkipRow, TestOutcome
+from ..runtimes.providers import KNOWN
 
 __all__ = ["VERDICTS", "Cell", "Column", "Job", "Matrix", "elide", "job_labels", "pivot", "ran_environment", "test_key"]
 

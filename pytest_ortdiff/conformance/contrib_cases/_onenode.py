@@ -28,7 +28,7 @@ def one_node(
     import torch
     from onnx import helper
 
-    from ..dtypes import dtype_of
+    from ...numerics.dtypes import dtype_of
 
     graph_inputs, initializers, feeds = [], [], {}
     for item in inputs:

@@ -13,10 +13,10 @@ import onnx
 import onnx.helper
 import torch
 
+from ..numerics.diff import DiffReport, compare
+from ..numerics.formatting import g, table
+from ..runtimes.model_io import exposed_for_ort, model_path, serialized, too_large
 from .baseline import bit_mismatches
-from .diff import DiffReport, compare
-from .formatting import g, table
-from .model_io import exposed_for_ort, model_path, serialized, too_large
 
 __all__ = ["VARIATIONS", "ReproducibilityReport", "Variation", "check_reproducible"]
 
@@ -192,9 +192,9 @@ def check_reproducible(
     (a copy of the model whose outputs are every node's outputs; the torch evaluator's intermediates) under
     both settings, and `Variation.first_node` names the first node whose output differs.
     """
-    from .model_io import load_model
-    from .providers import parse_provider, torch_device
-    from .runtimes.ort import OrtRunner
+    from ..runtimes.model_io import load_model
+    from ..runtimes.ort import OrtRunner
+    from ..runtimes.providers import parse_provider, torch_device
 
     if isinstance(vary, str):
         vary = (vary,)
@@ -267,7 +267,7 @@ def _torch_deterministic(
 ) -> list[Variation]:
     """The torch evaluator `runs` times with deterministic algorithms on, then off, then on vs off;
     the process's previous setting is restored whatever happens."""
-    from .runtimes.evaluator import TorchEvaluator
+    from ..runtimes.evaluator import TorchEvaluator
 
     extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
     evaluator = TorchEvaluator(model, device=device, kernels=kernels, **extra)
@@ -337,7 +337,7 @@ def _localise_ort(
 ) -> str:
     """Every value under `against` vs under `got` (None: `against` again, `runs` times). `config`: the
     session config entries the exposed copy needs (where a model above 2 GB reads its weights)."""
-    from .runtimes.ort import OrtRunner
+    from ..runtimes.ort import OrtRunner
 
     def values(options: Mapping[str, Any], times: int) -> list[dict[str, Any]]:
         merged = {**options, **config}

@@ -14,9 +14,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from .dtypes import dtype_of
-from .model_io import CheckedModel, check_feeds, check_model, compute_dtype, load_model, model_path
-from .providers import (
+from ..numerics.dtypes import dtype_of
+from ..numerics.results import CheckRow, closer_to_oracle
+from ..numerics.tolerance import Tolerance, Violation
+from ..runtimes.model_io import (
+    CheckedModel,
+    check_feeds,
+    check_model,
+    compute_dtype,
+    load_model,
+    model_path,
+)
+from ..runtimes.providers import (
     KNOWN,
     option_values,
     parse_provider,
@@ -25,18 +34,16 @@ from .providers import (
     tf32_line,
     torch_device,
 )
-from .results import CheckRow, closer_to_oracle
-from .selection import ResidentGrowth, trim_cache
-from .tolerance import Tolerance, Violation
+from ..runtimes.selection import ResidentGrowth, trim_cache
 
 if TYPE_CHECKING:
     import torch
 
+    from ..numerics.diff import DiffReport
+    from ..runtimes.evaluator import MissingKernelError, TorchEvaluator
     from .baseline import BaselineOutcome
     from .blame import BlameTable
-    from .diff import DiffReport
     from .reproducible import ReproducibilityReport
-    from .runtimes.evaluator import MissingKernelError, TorchEvaluator
 
 __all__ = [
     "MISSING",
@@ -132,7 +139,7 @@ class OrtDiffDtypeWarning(UserWarning):
 def __getattr__(name: str) -> Any:
     # MissingKernel is the evaluator's MissingKernelError; importing it here would load torch with this module
     if name == "MissingKernel":
-        from .runtimes.evaluator import MissingKernelError
+        from ..runtimes.evaluator import MissingKernelError
 
         return MissingKernelError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -287,7 +294,7 @@ def row_for(
     """A summary row for one DiffReport judged by `tolerance`. Its worst line says where the report stands
     against each rule the tolerance states (`report.worst_line`); `worst` replaces it (and the numbers,
     when nothing was compared: a baseline whose shapes changed says why instead)."""
-    from .report import worst_line
+    from ..numerics.report import worst_line
 
     blank = not report.n and worst is not None
     return CheckRow(
@@ -430,7 +437,7 @@ class Checker:
 
     def effective_options(self) -> dict[str, str]:
         """The options onnxruntime's sessions for this provider take now: those in force, this checker's over them."""
-        from .providers import options_in_force
+        from ..runtimes.providers import options_in_force
 
         return {**options_in_force(self.provider), **self.provider_options}
 
@@ -455,7 +462,7 @@ class Checker:
     def _run_ort(self, model: CheckedModel, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> tuple[list[torch.Tensor], tuple[str, ...]]:
         """onnxruntime's outputs, and the notes a report adds about how it ran them."""
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
-        from .runtimes.ort import OrtRunner, UnsupportedByProviderError
+        from ..runtimes.ort import OrtRunner, UnsupportedByProviderError
 
         try:
             with self.options_in_force():
@@ -477,7 +484,7 @@ class Checker:
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
         import torch
 
-        from .runtimes.evaluator import TorchEvaluator
+        from ..runtimes.evaluator import TorchEvaluator
 
         # (its "ort" kernels keep the sessions they make: one evaluator per provider options)
         key = (model.digest, self.device, runtime, _kernels_key(kernels), missing, tuple(sorted(self.effective_options().items())))
@@ -500,7 +507,7 @@ class Checker:
     # -- judging -------------------------------------------------------------------------------
     def compare(self, expected: Any, got: Any, *, tolerance: ToleranceLike = None, names: Sequence[str] | None = None) -> DiffReport:
         """A DiffReport whose histogram includes the tolerance's budget thresholds and allclose count."""
-        from .diff import DEFAULT_THRESHOLDS, compare
+        from ..numerics.diff import DEFAULT_THRESHOLDS, compare
 
         tol = self.tolerance_for(tolerance)
         if names is not None and isinstance(expected, list | tuple):
@@ -665,8 +672,8 @@ class Checker:
         levels (`vary`), and on CUDA the torch evaluator with deterministic algorithms on and off. Returns the
         ReproducibilityReport, or raises NotReproducible carrying it."""
         __tracebackhide__ = True  # pytest shows the caller's line, not ours
+        from ..runtimes.ort import UnsupportedByProviderError
         from .reproducible import check_reproducible
-        from .runtimes.ort import UnsupportedByProviderError
 
         _check_missing(missing)
         try:
@@ -700,7 +707,7 @@ class Checker:
 
     def baseline_row(self, outcome: BaselineOutcome, name: str) -> CheckRow | None:
         """The summary row of a baseline check that compared something (None for one created or missing)."""
-        from .diff import DiffReport
+        from ..numerics.diff import DiffReport
 
         comparison = outcome.comparison
         if comparison is None:
@@ -844,7 +851,7 @@ def _warn_other_dtype(m: Any, dtype: str, compute: str | None = None) -> None:
 
 def _builder_name(m: Any) -> str | None:
     """The models.* builder that made `m` (None for other models)."""
-    from .models.mlp import builder_info
+    from ..models.mlp import builder_info
 
     try:
         return builder_info(m)[0]

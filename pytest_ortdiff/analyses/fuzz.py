@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import progress
-from .check import (
+from .. import progress
+from ..engine.check import (
     Checker,
     Missing,
     OrtRunError,
@@ -18,15 +18,15 @@ from .check import (
     UnsupportedByProvider,
     row_for,
 )
-from .formatting import g
-from .model_io import check_model, load_model, model_path
-from .results import CheckRow
-from .tolerance import Tolerance, Violation
+from ..numerics.formatting import g
+from ..numerics.results import CheckRow
+from ..numerics.tolerance import Tolerance, Violation
+from ..runtimes.model_io import check_model, load_model, model_path
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from .diff import DiffReport
+    from ..numerics.diff import DiffReport
 
 __all__ = ["FuzzCase", "FuzzResult", "check_dims", "fuzz", "regime_strategy"]
 
@@ -137,8 +137,8 @@ def fuzz(
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
+    from ..runtimes.evaluator import MissingKernelError
     from . import strategies
-    from .runtimes.evaluator import MissingKernelError
 
     build_dims = tuple(getattr(build, "build_dims", ())) if callable(build) else ()
     graphs: dict[tuple[tuple[str, int], ...], tuple[Any, list[str], Any]] = {}

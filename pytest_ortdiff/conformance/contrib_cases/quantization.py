@@ -33,7 +33,7 @@ def _onnx_type(dtype: str) -> int:
 
 
 def _feed(array: Any) -> Any:
-    from ..runtimes.tensors import to_torch
+    from ...numerics.tensors import to_torch
 
     return to_torch(array)
 

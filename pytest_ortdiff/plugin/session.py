@@ -16,7 +16,7 @@ from typing import Any, Literal, cast
 
 import pytest
 
-from .results import (
+from ..numerics.results import (
     OUTCOMES,
     BaselineRow,
     CheckRow,
@@ -153,7 +153,7 @@ class RunResults:
             else:
                 self.json_message = f"ortdiff: wrote {_contents(data)} to {self.json_path}"
         if self.html_target is not None:
-            from .htmlreport import write_html
+            from ..reports.htmlreport import write_html
 
             try:
                 write_html(self.html_target, [data], None)
@@ -165,7 +165,7 @@ class RunResults:
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from .matrix import pivot
+        from ..reports.matrix import pivot
 
         tr = terminalreporter
         width = _terminal_width(tr)
@@ -197,7 +197,7 @@ class RunResults:
                     tr.write_line(line)
         _baseline_summary(tr, self.baselines)
         if self.show_reports and self.results:
-            from .diff import DiffReport
+            from ..numerics.diff import DiffReport
 
             tr.write_sep("-", "ortdiff reports")
             for row in self.results:
@@ -253,7 +253,7 @@ def _our_json(path: Path) -> bool:
 
 
 def _generator() -> str:
-    from .htmlreport import GENERATOR
+    from ..reports.htmlreport import GENERATOR
 
     return GENERATOR
 
@@ -315,8 +315,8 @@ def _terminal_width(tr: Any) -> int | None:
 def _row_table(rows: list[CheckRow], width: int | None) -> list[str]:
     """The row table, fitted to `width`: as it is when it fits; with the test ids elided in the middle of
     their path when that is enough; else one block per row (the id, then its numbers, then its worst line)."""
-    from .matrix import elide
-    from .report import _worst, render_table
+    from ..numerics.report import _worst, render_table
+    from ..reports.matrix import elide
 
     lines = render_table(rows).splitlines()
     if width is None or max(len(line) for line in lines) <= width:
@@ -325,7 +325,7 @@ def _row_table(rows: list[CheckRow], width: int | None) -> list[str]:
     room = width - (max(len(line) for line in lines) - test_w)
     if room >= min(test_w, 32):
         return render_table([replace(r, test=elide(r.test, room)) for r in rows]).splitlines()
-    from .formatting import g
+    from ..numerics.formatting import g
 
     out: list[str] = []
     for i, r in enumerate(rows):

@@ -201,7 +201,7 @@ def _read_cache(path: Path) -> tuple[Any, ...] | None:
 
 
 def _write_cache(path: Path, cases: tuple[Any, ...]) -> None:
-    from .results import write_atomically
+    from ..numerics.results import write_atomically
 
     # written aside and renamed into place, so that a concurrent reader (an xdist worker) never sees half a
     # file; the temporary is created exclusively under a random name, so a link planted at a predictable
@@ -241,7 +241,7 @@ def op_under_test(case: Any, cases_by_name: dict[str, Any] | None = None) -> str
 
 def has_kernels(case: Any) -> bool:
     """Whether every node of the case's graph has a registered torch kernel at the case's opset."""
-    from .runtimes.kernels import lookup
+    from ..runtimes.kernels import lookup
 
     opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in case.model.opset_import}
     for node in case.model.graph.node:
@@ -310,7 +310,7 @@ def _type_refusal(model: Any) -> str | None:
 
 
 def _to_feed(value: Any) -> Any:
-    from .runtimes.tensors import to_torch
+    from ..numerics.tensors import to_torch
 
     if value is None:
         return None
@@ -321,7 +321,7 @@ def _to_feed(value: Any) -> Any:
 
 def _mismatch(expected: Any, got: Any, rtol: float, atol: float) -> str | None:
     """Why `got` (a torch tensor, a list of them, or None) is not `expected` within the case's tolerance, or None."""
-    from .runtimes.tensors import to_numpy
+    from ..numerics.tensors import to_numpy
 
     if expected is None or got is None:
         return None if expected is None and got is None else f"{'an empty optional' if got is None else 'a value'} instead of {'an empty optional' if expected is None else 'a value'}"
@@ -385,8 +385,8 @@ def _worst_ulps(got: np.ndarray, expected: np.ndarray, dtype: np.dtype) -> str:
 
 def run_case(case: Any, op: str | None = None) -> CaseResult:
     """Run every data set of `case` through TorchEvaluator and classify the outcome."""
-    from .runtimes.evaluator import MissingKernelError, TorchEvaluator
-    from .runtimes.kernels import UnsupportedVariantError
+    from ..runtimes.evaluator import MissingKernelError, TorchEvaluator
+    from ..runtimes.kernels import UnsupportedVariantError
 
     model = case.model
     op = op or op_under_test(case)
@@ -465,7 +465,7 @@ def run_cases(
 ) -> list[CaseResult]:
     """Run the (selected) node test cases; `ops` keeps cases testing those ops, `pattern` matches names."""
     cases = load_cases() if cases is None else cases
-    from . import progress
+    from .. import progress
 
     by_name = {c.name: c for c in cases}
     chosen = []
@@ -624,9 +624,10 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def _run_contrib(args: argparse.Namespace, t0: float, *, missing_ok: bool = False) -> int:
-    """The contrib ops' table (see pytest_ortdiff.contrib_cases); 1 when a case is wrong or errors, 2 when
+    """The contrib ops' table (see pytest_ortdiff.conformance.contrib_cases); 1 when a case is wrong or errors, 2 when
     none is selected (unless `missing_ok`: the ONNX suite ran)."""
-    from . import contrib_cases, progress
+    from .. import progress
+    from . import contrib_cases
 
     cases = contrib_cases.all_cases()
     if args.op:
@@ -659,6 +660,3 @@ def _suggestions(name: str, ops: Sequence[str], n: int = 3) -> list[str]:
     close = difflib.get_close_matches(name, ops, n=n + len(same))
     return (same + [op for op in close if op not in same])[:n]
 
-
-if __name__ == "__main__":
-    sys.exit(main())

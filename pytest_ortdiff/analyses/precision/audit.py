@@ -15,9 +15,9 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from ..dtypes import dtype_of
-from ..formatting import g, pct_frac, table
-from ..runtimes.evaluator import TorchEvaluator
+from ...numerics.dtypes import dtype_of
+from ...numerics.formatting import g, pct_frac, table
+from ...runtimes.evaluator import TorchEvaluator
 
 __all__ = ["AuditReport", "NodeAudit", "audit"]
 

@@ -10,21 +10,29 @@ from typing import Any
 
 import pytest
 
-from . import selection
-from .dtypes import TESTABLE, dtype_of, parse_dtype
-from .fixtures import PROVIDER_OPTIONS, _ortdiff_case, ort_dtype, ort_provider, ortdiff
-from .providers import (
+from ..numerics.dtypes import TESTABLE, dtype_of, parse_dtype
+from ..numerics.results import SkipRow
+from ..numerics.tolerance import Tolerance
+from ..runtimes import selection
+from ..runtimes.providers import (
     KNOWN,
     normalize_provider_options,
     parse_provider,
     parse_provider_options,
     torch_device,
 )
-from .results import SkipRow
+from .fixtures import PROVIDER_OPTIONS
 from .session import CASE_KEY, SKIP_KEY, RunResults, foreign_report
-from .tolerance import Tolerance
 
-__all__ = ["_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
+__all__ = [
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_generate_tests",
+    "pytest_itemcollected",
+    "pytest_runtest_call",
+    "pytest_runtest_setup",
+    "pytest_unconfigure",
+]
 
 _FIXTURES = ("ortdiff", "ort_provider", "ort_dtype")  # all depend on _ortdiff_case
 _MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget", "reproducible", "provider_options")
@@ -180,7 +188,7 @@ def _parse_providers(names: list[str], source: str) -> tuple[list[str], bool]:
     for name in names:
         if name.lower() == "available":
             wants_available = True
-            from .providers import available
+            from ..runtimes.providers import available
 
             out.extend(p for p in available() if p not in out)
             continue
@@ -283,7 +291,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _register_hypothesis_profiles()
     # xdist registers it too; without xdist the GPU cases' group mark must still be a known marker
     config.addinivalue_line("markers", "xdist_group(name): run the tests of one group on one xdist worker (--dist loadgroup)")
-    from . import progress
+    from .. import progress
 
     progress.configure_for_pytest(config)  # long work draws its bar past the capture; none under -q or xdist
     config.addinivalue_line(
@@ -322,7 +330,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if not parsed:
             raise pytest.UsageError(f"{source}={','.join(names)}: onnxruntime offers no provider here; install pytest-ortdiff[cpu] or [gpu]")
         if not state.skip_unavailable:
-            from .providers import unavailable_reason
+            from ..runtimes.providers import unavailable_reason
 
             for p in state.explicit_providers:
                 reason = unavailable_reason(p)
@@ -376,7 +384,7 @@ def _apply_threads() -> None:
     raw = os.environ.get("ORTDIFF_THREADS", "").strip()
     if not raw:
         return
-    from .runtimes.ort import threads_from_env  # (imports torch: only when asked for)
+    from ..runtimes.ort import threads_from_env  # (imports torch: only when asked for)
 
     try:
         n = threads_from_env()
@@ -455,7 +463,7 @@ def _reproducible_problem(args: dict[str, Any]) -> str | None:
     rather than as a traceback inside the test."""
     if "vary" in args:
         # (imports torch: only for a marker that names variations)
-        from .reproducible import VARIATIONS
+        from ..engine.reproducible import VARIATIONS
 
         vary = args["vary"]
         names = [vary] if isinstance(vary, str) else vary
@@ -529,7 +537,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if case is None:
         return
     provider, dtype = case
-    from .providers import unavailable_reason
+    from ..runtimes.providers import unavailable_reason
 
     reason = unavailable_reason(provider)
     if reason:

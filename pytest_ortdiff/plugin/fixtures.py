@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import pytest
 
-from .check import (
+from ..engine.check import (
     Checker,
     CheckFailed,
     Missing,
@@ -22,19 +22,23 @@ from .check import (
     missing_ops,
     ops_hint,
 )
-from .providers import ProviderOptions, normalize_provider_options, provider_options_in_force
-from .results import CheckRow, SkipRow
+from ..numerics.results import CheckRow, SkipRow
+from ..numerics.tolerance import Tolerance
+from ..runtimes.providers import (
+    ProviderOptions,
+    normalize_provider_options,
+    provider_options_in_force,
+)
 from .session import BASELINE_KEY, RESULT_KEY, SKIP_KEY
-from .tolerance import Tolerance
 
 if TYPE_CHECKING:
     import torch
 
-    from .baseline import BaselineOutcome
-    from .blame import BlameTable
-    from .diff import DiffReport
-    from .fuzz import FuzzResult
-    from .reproducible import ReproducibilityReport
+    from ..analyses.fuzz import FuzzResult
+    from ..engine.baseline import BaselineOutcome
+    from ..engine.blame import BlameTable
+    from ..engine.reproducible import ReproducibilityReport
+    from ..numerics.diff import DiffReport
 
 __all__ = ["BASELINE_KEY", "OrtDiff", "OrtDiffDtypeWarning", "OrtDiffFailure", "_ortdiff_case", "ort_dtype", "ort_provider", "ortdiff"]
 
@@ -220,7 +224,7 @@ class OrtDiff:
         `baseline.BaselineOutcome`.
         """
         __tracebackhide__ = True
-        from .baseline import baseline_path, check_outputs, settings_for
+        from ..engine.baseline import baseline_path, check_outputs, settings_for
 
         if self._node is None:
             raise RuntimeError("check_baseline needs the `ortdiff` fixture: the baseline is stored under the test's id")
@@ -313,7 +317,7 @@ class OrtDiff:
         Returns a `fuzz.FuzzResult` (`.examples`, `.max_abs`, `.max_ulp`, `.worst_dims`).
         """
         __tracebackhide__ = True
-        from .fuzz import fuzz
+        from ..analyses.fuzz import fuzz
 
         try:
             result = fuzz(self.checker, build, dims=dims, regime=regime, tolerance=tolerance, kernels=kernels, missing=missing, max_examples=max_examples)
@@ -332,7 +336,7 @@ class OrtDiff:
 
     # -- checks built on other modules (precision, parity, align, dynamo): each inserts its methods below this line
     if TYPE_CHECKING:
-        from .precision.keep import ConversionCheck
+        from ..analyses.precision.keep import ConversionCheck
 
     def check_half_precision(
         self, model: Any, feeds_iter: Any, *, budget: Mapping[float, float] | None = None, tolerance: ToleranceLike = None, keep_io_types: bool = True
@@ -344,7 +348,7 @@ class OrtDiff:
         when `budget` (or `tolerance`, else this test's) is broken. A float32 or float64 case skips: it has no
         half type to convert to. Returns the `precision.ConversionCheck`."""
         __tracebackhide__ = True
-        from .precision.keep import check_conversion
+        from ..analyses.precision.keep import check_conversion
 
         if self.dtype not in ("float16", "bfloat16"):
             pytest.skip(
@@ -366,7 +370,7 @@ class OrtDiff:
         return verdict
 
     if TYPE_CHECKING:
-        from .parity import Exporter, ExportParityReport
+        from ..analyses.parity import Exporter, ExportParityReport
 
     def check_export(
         self,
@@ -390,7 +394,7 @@ class OrtDiff:
         `export_options` (any other `torch.onnx.export` argument) go to the exporter. Returns the
         `parity.ExportParityReport`."""
         __tracebackhide__ = True
-        from .parity import ExportFailed, check_export
+        from ..analyses.parity import ExportFailed, check_export
 
         tol = self.checker.tolerance_for(tolerance)
         try:
@@ -410,7 +414,7 @@ class OrtDiff:
         return report
 
     if TYPE_CHECKING:
-        from .dynamo import CompileCheck
+        from ..analyses.dynamo import CompileCheck
 
     def check_compile(
         self,
@@ -440,7 +444,7 @@ class OrtDiff:
         `dynamo.CompileCheck`.
         """
         __tracebackhide__ = True
-        from .dynamo import ExportUnavailable, check_compile
+        from ..analyses.dynamo import ExportUnavailable, check_compile
 
         try:
             result = check_compile(
@@ -470,7 +474,7 @@ class OrtDiff:
         return result
 
     if TYPE_CHECKING:
-        from .align import OptimizationReport
+        from ..analyses.align import OptimizationReport
 
     def check_optimization(
         self,
@@ -485,9 +489,9 @@ class OrtDiff:
         graphs aligned side by side (`align.check_optimization`). Fails the test with the report when a level
         moves the outputs beyond `tolerance` (default: this test's); returns the `align.OptimizationReport`."""
         __tracebackhide__ = True
-        from .align import check_optimization
-        from .check import row_for
-        from .runtimes.ort import UnsupportedByProviderError
+        from ..analyses.align import check_optimization
+        from ..engine.check import row_for
+        from ..runtimes.ort import UnsupportedByProviderError
 
         tol = self.checker.tolerance_for(tolerance)
         try:
@@ -506,7 +510,7 @@ class OrtDiff:
         return report
 
     if TYPE_CHECKING:
-        from .align import DeploymentReport
+        from ..analyses.align import DeploymentReport
 
     def check_deployment(
         self,
@@ -527,7 +531,7 @@ class OrtDiff:
         two graphs side by side around it (`align.check_deployment`). `feeds`: the deployed model's
         (`models.transformer_feeds`), each model taking its own inputs. Returns the `align.DeploymentReport`."""
         __tracebackhide__ = True
-        from .align import check_deployment
+        from ..analyses.align import check_deployment
 
         spec = self.checker.tolerance_spec if tolerance is None else tolerance  # (resolved for the dtype judged in)
         try:
@@ -550,7 +554,7 @@ class OrtDiff:
             if self._node is not None:
                 self._node.user_properties.append((SKIP_KEY, SkipRow(self.provider, self.dtype, exc.reason).to_dict()))
             pytest.skip(exc.reason)
-        from .runtimes.evaluator import MissingKernelError
+        from ..runtimes.evaluator import MissingKernelError
 
         if isinstance(exc, MissingKernelError):
             raise _with_kernel_hint(exc, call) from None
@@ -563,7 +567,7 @@ class OrtDiff:
         `record_property` adds them, for `--junitxml`; they replace those of the row they replace."""
         if self._node is None:
             return
-        from .report import junit_names, junit_properties
+        from ..numerics.report import junit_names, junit_properties
 
         props = self._node.user_properties
         kept = []

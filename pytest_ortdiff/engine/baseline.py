@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .diff import DEFAULT_THRESHOLDS, DiffReport, compare
-from .dtypes import DType, dtype_of
-from .formatting import g
-from .results import BaselineRow, write_atomically
-from .tolerance import Tolerance
+from ..numerics.diff import DEFAULT_THRESHOLDS, DiffReport, compare
+from ..numerics.dtypes import DType, dtype_of
+from ..numerics.formatting import g
+from ..numerics.results import BaselineRow, write_atomically
+from ..numerics.tolerance import Tolerance
 
 __all__ = [
     "DEFAULT_MAX_ELEMENTS",
@@ -81,7 +81,7 @@ def environment(provider: str = "CPU") -> dict[str, str]:
     """What produced the numbers: library versions, provider, device and CPU model, platform."""
     import onnx
 
-    from .providers import KNOWN, parse_provider
+    from ..runtimes.providers import KNOWN, parse_provider
 
     short = parse_provider(provider)
     try:
@@ -241,7 +241,7 @@ _BIT_VIEW = {
 
 def _named_outputs(outputs: Any, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
     """A dict name -> contiguous CPU tensor from a tensor/array, a list of them, or a dict."""
-    from .runtimes.tensors import to_torch
+    from ..numerics.tensors import to_torch
 
     if isinstance(outputs, Mapping):
         items = [(str(k), v) for k, v in outputs.items()]
@@ -438,7 +438,7 @@ def write_baseline(
             arrays[entry["key"]] = _to_numpy_bits(sample)
             entry["sample_sha256"] = _sha256(arrays[entry["key"]])
         entries[key] = entry
-    from . import __version__
+    from .. import __version__
 
     meta = {
         "format": FORMAT,
@@ -618,7 +618,7 @@ class _MetaChecker:
             raise self.bad(where, value, "a sha256 (64 hex digits)")
 
     def check(self, meta: Mapping[str, Any]) -> None:
-        from .providers import parse_provider
+        from ..runtimes.providers import parse_provider
 
         for key in ("test", "name", "written_at", "written_by"):
             if key in meta:

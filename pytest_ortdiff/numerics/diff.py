@@ -388,7 +388,7 @@ def _walk(expected: Any, got: Any, path: str, thr: tuple[float, ...], tol: Any, 
 def _as_tensor(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach()
-    from .runtimes.tensors import to_torch
+    from .tensors import to_torch
 
     return to_torch(x)
 

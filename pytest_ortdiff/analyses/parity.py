@@ -17,13 +17,13 @@ import onnx
 import torch
 from torch.utils import _pytree as pytree
 
-from .blame import node_scope
-from .check import Checker, ToleranceLike, row_for
-from .diff import DiffReport
-from .formatting import g, table
-from .model_io import CheckedModel, expose_all_values
-from .results import CheckRow
-from .tolerance import Tolerance, Violation
+from ..engine.blame import node_scope
+from ..engine.check import Checker, ToleranceLike, row_for
+from ..numerics.diff import DiffReport
+from ..numerics.formatting import g, table
+from ..numerics.results import CheckRow
+from ..numerics.tolerance import Tolerance, Violation
+from ..runtimes.model_io import CheckedModel, expose_all_values
 
 __all__ = ["EXPORTERS", "ExportFailed", "ExportParityReport", "Exporter", "NodeParity", "ScopeParity", "check_export", "module_scope"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .dtypes import DType, dtype_of
+from ..numerics.dtypes import DType, dtype_of
 
 if TYPE_CHECKING:
     import onnx
@@ -510,7 +510,7 @@ def _import_known_domains(model: onnx.ModelProto) -> bool:
 
 def _known_domains() -> dict[str, int]:
     """domain -> its latest opset, of onnxruntime's schemas and the torch evaluator's kernels."""
-    from .runtimes.kernels import REGISTRY
+    from .kernels import REGISTRY
 
     out: dict[str, int] = {}
     for (domain, _), versions in REGISTRY.items():
@@ -549,7 +549,7 @@ def _known_elsewhere(domain: str, op: str, version: int) -> bool:
     """Whether onnxruntime has a schema for `domain::op` at opset `version` (when it is installed: the ops
     it registers beyond onnx's, e.g. its SimplifiedLayerNormalization), or the torch evaluator a kernel
     (what it can run, onnxruntime installed or not)."""
-    from .runtimes.kernels import lookup
+    from .kernels import lookup
 
     if lookup(domain, op, version) is not None:
         return True
@@ -771,7 +771,7 @@ def input_specs(model: onnx.ModelProto) -> dict[str, InputSpec]:
 def session_input_specs(inputs: Sequence[Any]) -> dict[str, InputSpec]:
     """InputSpecs from an onnxruntime session's `get_inputs()` (name, type "tensor(float16)", shape), for a
     runner that holds the session rather than the ModelProto: the same checks, the same messages."""
-    from .dtypes import parse_dtype
+    from ..numerics.dtypes import parse_dtype
 
     out: dict[str, InputSpec] = {}
     for i in inputs:
