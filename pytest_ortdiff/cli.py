@@ -33,7 +33,7 @@ __all__ = ["main"]
 def _merge(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from .plugin.session import foreign_report
+    from .reports.targets import foreign_report
 
     # as pytest's --ortdiff-json/--ortdiff-html: a path holding something else than our report is kept
     for flag, value, kind in (("--output", args.output, "json"), ("--html", args.html, "html")):

@@ -33,7 +33,7 @@ import torch
 from ..numerics.diff import DEFAULT_THRESHOLDS, DiffReport, compare
 from ..numerics.dtypes import DType, dtype_of
 from ..numerics.formatting import g
-from ..numerics.results import BaselineRow, write_atomically
+from ..numerics.results import BaselineRow, module_version, write_atomically
 from ..numerics.tolerance import Tolerance
 
 __all__ = [
@@ -438,8 +438,8 @@ def write_baseline(
             arrays[entry["key"]] = _to_numpy_bits(sample)
             entry["sample_sha256"] = _sha256(arrays[entry["key"]])
         entries[key] = entry
-    from .. import __version__
-
+    # (pytest_ortdiff's own, read as the other packages' are: this layer imports nothing above it)
+    version = module_version("pytest_ortdiff", ("pytest-ortdiff",)) or "(version unknown)"
     meta = {
         "format": FORMAT,
         "test": test,
@@ -447,7 +447,7 @@ def write_baseline(
         "dtype": dtype,
         "name": name,
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "written_by": f"pytest-ortdiff {__version__}",
+        "written_by": f"pytest-ortdiff {version}",
         "max_elements": max_elements,
         "environment": dict(env if env is not None else environment(provider)),
         "outputs": entries,

@@ -28,6 +28,7 @@ __all__ = [
     "TestOutcome",
     "check_report",
     "closer_to_oracle",
+    "module_version",
     "write_atomically",
 ]
 
@@ -419,10 +420,10 @@ class Environment:
                 if torch.cuda.is_available():
                     device = torch.cuda.get_device_name()
         return cls(
-            onnxruntime=_module_version("onnxruntime", _ORT_DISTRIBUTIONS),
-            torch=_module_version("torch", ("torch",)),
-            onnx=_module_version("onnx", ("onnx",)),
-            numpy=_module_version("numpy", ("numpy",)),
+            onnxruntime=module_version("onnxruntime", _ORT_DISTRIBUTIONS),
+            torch=module_version("torch", ("torch",)),
+            onnx=module_version("onnx", ("onnx",)),
+            numpy=module_version("numpy", ("numpy",)),
             python=platform.python_version(),
             platform=f"{platform.system()} {platform.machine()}",
             device=device,
@@ -431,9 +432,9 @@ class Environment:
         )
 
 
-def _module_version(module: str, distributions: tuple[str, ...]) -> str | None:
+def module_version(module: str, distributions: tuple[str, ...]) -> str | None:
     """The version of `module`: its __version__ when it is imported already (what ran), else the first of
-    `distributions` installed."""
+    `distributions` installed (None: neither)."""
     from importlib import metadata
 
     loaded = sys.modules.get(module)

@@ -13,6 +13,7 @@ import pytest
 from ..numerics.dtypes import TESTABLE, dtype_of, parse_dtype
 from ..numerics.results import SkipRow
 from ..numerics.tolerance import Tolerance
+from ..reports.targets import foreign_report
 from ..runtimes import selection
 from ..runtimes.providers import (
     KNOWN,
@@ -22,7 +23,7 @@ from ..runtimes.providers import (
     torch_device,
 )
 from .fixtures import PROVIDER_OPTIONS
-from .session import CASE_KEY, SKIP_KEY, RunResults, foreign_report
+from .session import CASE_KEY, SKIP_KEY, RunResults
 
 __all__ = [
     "pytest_addoption",
