@@ -1175,13 +1175,7 @@ def blame(
     graph's table is exact throughout. 0: only the 3 nodes and the op type ranked first run (the floor of
     the cost, with those the head of the table needs). None: every swap runs exactly.
     """
-    checked_before = model if isinstance(model, CheckedModel) else None  # (Checker.check's, checked already)
-    # (nodes in an order they run in: the gate's proto, or the file's sorted where it is not one)
-    m = checked_before.proto if checked_before is not None else in_topological_order(load_model(model))
-    provider = parse_provider(provider)
-    device = torch_device(provider)
-    kernels = dict(kernels or {})
-    extra: dict[str, Any] = {"missing": missing} if missing != "error" else {}  # the evaluator's default
+    setup = _Setup(model, feeds, parse_provider(provider), dict(kernels or {}), {"missing": missing} if missing != "error" else {})
     clock = _Clock()
     # onnxruntime's two sessions and the float64 oracle run in threads beside the torch run and the
     # first-order pass (kernels release the GIL while they compute), as many threads as the cores torch's
@@ -1200,304 +1194,418 @@ def blame(
     # they can change a MatMul's bits.
     helpers = _helper_threads()
     helper: ThreadPoolExecutor | _InCaller = _started_pool(helpers, "ortdiff-blame") if helpers else _InCaller()
-    local_here = helpers == 1
     torch_done: Future[dict[str, Any]] = Future()
     try:
-        # onnx.checker's verdict (cached per model) and the serialized bytes onnxruntime's session is made
-        # from, once: the session with every value exposed takes them as they are, plus its outputs
-        # (a model above 2 GB is checked from its file, and onnxruntime reads its weights from theirs)
-        checked = _done(checked_before) if checked_before is not None else helper.submit(functools.partial(check_model, m, path=model_path(model)))
-        ort_future = helper.submit(_checked_ort_values, checked.result, feeds, provider)
-        try:
-            base = TorchEvaluator(m, device=device, kernels=kernels, check_model=False, **extra)
-        except Exception:
-            if checked.exception() is not None:  # an invalid model: the checker's message, not the evaluator's stumble on it
-                raise checked.exception() from None  # type: ignore[misc]
-            raise
-        clock.lap("torch evaluator built")
-        outputs = list(base.output_names)
-        declared = [base.output_dtypes.get(o) for o in outputs]
-        label = dtype_of(dtype).short if dtype is not None else _first_float_dtype(declared)
-        # node names the evaluator can be keyed by (unnamed nodes: `OpType_<index>`)
-        keys = [node_key(node, i) for i, node in enumerate(m.graph.node)]
-        graph = _Graph(base)
-        # the local outputs' session is made from the values' declared types while torch runs; it is run
-        # on the torch run's values once they are there
-        local_future = None if local_here else helper.submit(_local_job, m, graph, torch_done.result, provider, base.opsets, base.value_types)
-        # each node's drift (its output in the torch run against the onnxruntime run) once both are there,
-        # and its local error once the local outputs are
-        drift_future = helper.submit(_drifts, m.graph.node, keys, torch_done.result, ort_future.result, tolerance, base.output_names)
-        errors_future = None if local_future is None else helper.submit(_local_errors, graph, torch_done.result, local_future.result)
-        clock.lap("graph")
-        # every value of one torch run, through the plain plan (a run that happens once records no
-        # shape-specialised plan)
-        try:
-            torch_all: dict[str, Any] = base.run(None, feeds, intermediates=True, specialise=False)
-        except Exception:
-            if checked.exception() is not None:
-                raise checked.exception() from None  # type: ignore[misc]
-            raise
-        torch_done.set_result(torch_all)
-        # the checker's verdict, done by now (the torch run did not wait for it): an invalid model fails
-        # with its message before anything else runs on it
-        large_file = checked.result().path  # (set only for a model above 2 GB, read from its file)
-        del checked  # (its serialized model: the onnxruntime thread holds it only while it needs it)
-        clock.lap("torch run (every value)")
-        # the float64 oracle in a thread of its own, after the torch run (whose values the local outputs
-        # and the first-order pass wait for): only the swaps' rows read it
-        oracle_future = helper.submit(_oracle_outputs, base, kernels, feeds, declared) if oracle else None
-        torch_out = [torch_all[o] for o in outputs]
-        if local_future is None:  # (one helper thread: made here, from the torch run's values)
-            local_future = Future()
-            local_future.set_result(_local_job(m, graph, torch_done.result, provider, base.opsets, None))
-            # their local errors here too, once the first-order pass is done (the helper thread has the
-            # drifts and the oracle to do by then)
-            errors_future = _InCaller().submit(_local_errors, graph, torch_done.result, local_future.result)
-            clock.lap("onnxruntime local outputs (one session)")
-        ort_all = ort_future.result()
-        clock.lap("onnxruntime run (every value), waited for")
-        if isinstance(helper, _InCaller):
-            drift_future.result()  # (one thread: the onnxruntime run's values are let go before the local outputs come)
-        local, no_ops = local_future.result()
-        clock.lap("onnxruntime local outputs (one session), waited for")
-        ort_out = [ort_all[o] for o in outputs]
-        gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
-        gap_mean = gap.mean_abs
-        oracle_out: list[torch.Tensor] | None = None
-        table_oracle: dict[str, OracleError] = {}
-
-        def measured(sub: list[Any]) -> tuple[float, float, float, float | None, float | None]:
-            vs_ort = _errors(sub, ort_out, ulp=False)
-            vs_torch = _errors(sub, torch_out, ulp=False, mean=False)
-            explained = 0.0 if gap_mean == 0 else max(0.0, min(1.0, 1.0 - vs_ort.mean_abs / gap_mean))
-            o_abs = o_ulp = None
-            if oracle_out is not None:
-                r = _errors(oracle_out, sub, mean=False)
-                o_abs, o_ulp = r.max_abs, r.max_ulp
-            return explained, vs_ort.max_abs, vs_torch.max_abs, o_abs, o_ulp
-
-        @functools.cache
-        def named() -> onnx.ModelProto:
-            """A copy of the model whose unnamed nodes are named by their key (what `kernels=` and onnxruntime's
-            optimized graph are matched by); made only where needed (it copies the weights)."""
-            copy = onnx.ModelProto()
-            copy.CopyFrom(m)
-            for node, key in zip(copy.graph.node, keys, strict=True):
-                node.name = key
-            return copy
-
-        def substituted(swapped: list[str]) -> tuple[float, float, float, float | None, float | None]:
-            # the whole graph again: only for swaps of control flow and of nodes reading sequences
-            ev = TorchEvaluator(named(), device=device, kernels={**kernels, **dict.fromkeys(swapped, "ort")}, check_model=False, **extra)
-            return measured(ev.run(None, feeds))
-
-        def no_op(i: int) -> bool:
-            return no_ops[i]
-
-        # dead code (no graph output depends on it; onnxruntime-genai's builder, taking an MLP's Linear for the LM
-        # head, left a model's last MLP so): the torch run computed none of its values, and swapping it changes nothing
-        dead = {i for i, node in enumerate(graph.nodes) if all(not o or o not in torch_all for o in node.output)}
-        swapper = _Swapper(graph, torch_all, local, outputs, base.opsets, dead)
-
-        def swap(indices: list[int]) -> tuple[float, float, float, float | None, float | None]:
-            indices = [i for i in indices if i not in dead]
-            if any(i not in local for i in indices):
-                return substituted([keys[i] for i in indices])
-            return measured(swapper.run(set(indices)))
-
-        rows: list[BlameRow] = []
-        scopes = [node_scope(n) for n in m.graph.node]
-        candidates = [i for i in range(len(graph.nodes)) if not no_op(i) and i not in dead]
-        # op types with several nodes get a row of their own: all of them swapped at once
-        members_of: dict[str, list[int]] = {}
-        for i, n in enumerate(m.graph.node):
-            members_of.setdefault(n.op_type, []).append(i)
-        op_candidates = [op for op, idx in members_of.items() if len(idx) > 1 and not all(no_op(i) for i in idx)]
-        estimates: dict[int, float] = {}
-        op_estimates: dict[str, float] = {}
-        run_exactly, ops_exactly = set(candidates), set(op_candidates)
-        ns = graph.costs(torch_all) if candidates or op_candidates else np.zeros(0)
-        if budget is not None and (candidates or op_candidates) and gap_mean > 0:
-            # a swap costs at most the nodes it may run again, weighted by their share of a run's time
-            reach = graph.reach()
-            # in runs of the graph: what a swap redoes at most, a node run again costing more in a swap than in
-            # a run (its kernel's own run, the test of whether its output changed: `_SWAP_SCALE`, `_SWAP_NODE_NS`)
-            costs = (ns * _SWAP_SCALE + _SWAP_NODE_NS) / ns.sum()
-            node_cost = {i: _weight(reach[i], costs) for i in candidates}
-            op_cost = {op: _weight(functools.reduce(operator.or_, (reach[i] for i in members_of[op])), costs) for op in op_candidates}
-            # swaps modelled to take under _EXACT_FLOOR_NS in all run exactly whatever the budget (0 aside): a
-            # small graph is blamed exactly (its runs take microseconds)
-            if budget > 0:
-                budget = max(budget, _EXACT_FLOOR_NS / float(ns.sum()))
-            if sum(node_cost.values()) + sum(op_cost.values()) > budget:
-                shares = _first_order(graph, torch_all, local, candidates, outputs, ort_out, gap_mean)
-                clock.lap("first-order estimate")
-                estimates = {i: max(0.0, min(1.0, shares.get(i, 0.0))) for i in candidates}
-                # to first order, swapping several nodes changes the run by the sum of their changes
-                op_estimates = {op: max(0.0, min(1.0, sum(shares.get(i, 0.0) for i in members_of[op]))) for op in op_candidates}
-                # exact: the 3 nodes and the op type the estimate ranks first, then the others by estimate
-                # while the budget lasts (one that does not fit leaves room for a cheaper one after it)
-                node_rank = sorted(candidates, key=lambda i: -estimates[i])
-                op_rank = sorted(op_candidates, key=lambda op: -op_estimates[op])
-                run_exactly, ops_exactly = set(node_rank[:3]), set(op_rank[:1])
-                spent = sum(node_cost[i] for i in run_exactly) + sum(op_cost[op] for op in ops_exactly)
-                ranked: list[tuple[float, int, Any]] = [(estimates[i], 0, i) for i in node_rank[3:]] + [(op_estimates[op], 1, op) for op in op_rank[1:]]
-                for _, kind, what in sorted(ranked, key=lambda r: -r[0]):
-                    c = node_cost[what] if kind == 0 else op_cost[what]
-                    if spent + c <= budget:
-                        (run_exactly if kind == 0 else ops_exactly).add(what)
-                        spent += c
-        assert errors_future is not None
-        local_errors = errors_future.result()  # (in this thread with one helper thread: before waiting for it)
+        runs = _run_both(setup, helper, helpers == 1, torch_done, tolerance, oracle, dtype, clock)
+        plan = _plan_swaps(runs, budget, clock)
+        local_errors = runs.local_errors.result()  # (in this thread with one helper thread: before waiting for it)
         # the oracle's outputs: the thread computing them has had the torch run and the first-order pass to do it
-        if oracle_future is not None:
-            oracle_out = oracle_future.result()
+        oracle_out = runs.oracle.result() if runs.oracle is not None else None
         clock.lap("float64 oracle, waited for")
+        table_oracle: dict[str, OracleError] = {}
         if oracle_out is not None:
-            for name, outs in (("torch", torch_out), ("onnxruntime", ort_out)):
+            for name, outs in (("torch", runs.torch_out), ("onnxruntime", runs.ort_out)):
                 r = compare(oracle_out, outs)
                 table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
-        unchanged = measured(torch_out)  # a swap that changes nothing: the torch run itself
-        drifts, first_divergence = drift_future.result()
-        # the exact swaps (single nodes, then op types), side by side where torch leaves cores idle; a large
-        # graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)
-        node_jobs = [i for i in range(len(keys)) if not no_op(i) and i in run_exactly]
-        op_jobs = [op for op, idx in members_of.items() if len(idx) > 1 and op in ops_exactly and not all(no_op(i) for i in idx)]
-        jobs = [[i] for i in node_jobs] + [members_of[op] for op in op_jobs]
-        swapped: dict[int, tuple[float, float, float, float | None, float | None]] = {}
-        op_swapped: dict[str, tuple[float, float, float, float | None, float | None]] = {}
+        swaps = _Swaps(setup, runs, plan, oracle_out)
+        drifts, first_divergence = runs.drifts.result()
+        swaps.run_exact(clock)
+        options = options_in_force(setup.provider)
+        tf32 = tf32_in_play(setup.provider, runs.label, options)  # (the rows onnxruntime may have computed in TF32 say so)
+        rows, op_rows = _rows(runs, swaps, local_errors, drifts, tf32)
+        clock.lap("rows")
+        notes = _notes(runs, swaps, setup.provider, options, any(r.tf32 for r in rows), clock)
+        return BlameTable(
+            rows=rows, provider=setup.provider, dtype=runs.label, gap=runs.gap, oracle=table_oracle, op_rows=op_rows,
+            first_divergence=first_divergence, notes=notes, nodes_recomputed=swaps.swapper.executed, timings=clock.laps,
+        )  # fmt: skip
+    finally:
+        if not torch_done.done():
+            torch_done.cancel()  # (the threads waiting for the torch run end)
+        helper.shutdown(wait=False, cancel_futures=True)  # (after an error: what still runs ends on its own)
 
-        def run_swaps(node_jobs: list[int], op_jobs: list[str], tick: Callable[[], Any]) -> None:
-            jobs = [[i] for i in node_jobs] + [members_of[op] for op in op_jobs]
-            results: list[tuple[float, float, float, float | None, float | None]] = []
-            # (your own kernels, callables, run one swap at a time: they need not be thread-safe)
-            workers = 1 if any(callable(v) for v in kernels.values()) else _swap_workers(len(jobs), float(ns.mean()) if ns.size else 0.0)
-            if workers > 1:
-                with _started_pool(workers, "ortdiff-swap") as pool:
-                    for res in pool.map(swap, jobs):  # (in order: the same table whatever the threads)
-                        results.append(res)
-                        tick()
-            else:
-                for job in jobs:
-                    results.append(swap(job))
+
+class _Setup:
+    """What blame was asked: the model (nodes in an order they run in: the gate's proto, or the file's sorted
+    where it is not one), the feeds, the provider and its device, and the torch side's overrides."""
+
+    def __init__(self, model: Any, feeds: Mapping[str, Any], provider: str, kernels: dict[Any, Any], extra: dict[str, Any]) -> None:
+        self.model = model
+        self.checked = model if isinstance(model, CheckedModel) else None  # (Checker.check's, checked already)
+        self.m = self.checked.proto if self.checked is not None else in_topological_order(load_model(model))
+        self.feeds = feeds
+        self.provider = provider
+        self.device = torch_device(provider)
+        self.kernels = kernels
+        self.extra = extra  # (missing=: the evaluator's own default when not given)
+
+
+@dataclass
+class _Runs:
+    """The runs every row reads: the torch run (every value), onnxruntime's run and each node's local output
+    (onnxruntime's kernel on the torch run's inputs), the gap between the two runs' outputs, and the jobs still
+    running beside them (each node's drift, its local error, the float64 oracle)."""
+
+    base: TorchEvaluator
+    graph: _Graph
+    #: node names the evaluator can be keyed by (unnamed nodes: `OpType_<index>`)
+    keys: list[str]
+    label: str
+    torch_all: dict[str, Any]
+    torch_out: list[Any]
+    ort_out: list[Any]
+    local: dict[int, tuple[Any, ...]]
+    no_op: list[bool]
+    #: nodes no graph output depends on: the torch run computed none of their values
+    dead: set[int]
+    gap: DiffReport
+    #: the model's file, for a model above 2 GB read from it
+    large_file: str | None
+    drifts: Future[tuple[list[float | None], str | None]]
+    local_errors: Future[dict[int, tuple[float, float]]]
+    oracle: Future[list[torch.Tensor]] | None
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.base.output_names)
+
+
+def _run_both(
+    setup: _Setup,
+    helper: ThreadPoolExecutor | _InCaller,
+    local_here: bool,
+    torch_done: Future[dict[str, Any]],
+    tolerance: Tolerance | None,
+    oracle: bool,
+    dtype: Any,
+    clock: _Clock,
+) -> _Runs:
+    """The torch run keeping every value, here, with onnxruntime's jobs in `helper`'s threads beside it: the
+    run exposing every value, each node's local output (its session made while torch runs, unless
+    `local_here`: then here, after it), the drifts and local errors once those are there, and the oracle
+    after the torch run. An invalid model fails with onnx.checker's message before anything runs on it."""
+    m, feeds, provider = setup.m, setup.feeds, setup.provider
+    # onnx.checker's verdict (cached per model) and the serialized bytes onnxruntime's session is made
+    # from, once: the session with every value exposed takes them as they are, plus its outputs
+    # (a model above 2 GB is checked from its file, and onnxruntime reads its weights from theirs)
+    checked = _done(setup.checked) if setup.checked is not None else helper.submit(functools.partial(check_model, m, path=model_path(setup.model)))
+    ort_future = helper.submit(_checked_ort_values, checked.result, feeds, provider)
+    try:
+        base = TorchEvaluator(m, device=setup.device, kernels=setup.kernels, check_model=False, **setup.extra)
+    except Exception:
+        if checked.exception() is not None:  # an invalid model: the checker's message, not the evaluator's stumble on it
+            raise checked.exception() from None  # type: ignore[misc]
+        raise
+    clock.lap("torch evaluator built")
+    outputs = list(base.output_names)
+    declared = [base.output_dtypes.get(o) for o in outputs]
+    label = dtype_of(dtype).short if dtype is not None else _first_float_dtype(declared)
+    keys = [node_key(node, i) for i, node in enumerate(m.graph.node)]
+    graph = _Graph(base)
+    # the local outputs' session is made from the values' declared types while torch runs; it is run
+    # on the torch run's values once they are there
+    local_future = None if local_here else helper.submit(_local_job, m, graph, torch_done.result, provider, base.opsets, base.value_types)
+    # each node's drift (its output in the torch run against the onnxruntime run) once both are there,
+    # and its local error once the local outputs are
+    drift_future = helper.submit(_drifts, m.graph.node, keys, torch_done.result, ort_future.result, tolerance, base.output_names)
+    errors_future = None if local_future is None else helper.submit(_local_errors, graph, torch_done.result, local_future.result)
+    clock.lap("graph")
+    # every value of one torch run, through the plain plan (a run that happens once records no
+    # shape-specialised plan)
+    try:
+        torch_all: dict[str, Any] = base.run(None, feeds, intermediates=True, specialise=False)
+    except Exception:
+        if checked.exception() is not None:
+            raise checked.exception() from None  # type: ignore[misc]
+        raise
+    torch_done.set_result(torch_all)
+    # the checker's verdict, done by now (the torch run did not wait for it): an invalid model fails
+    # with its message before anything else runs on it
+    large_file = checked.result().path  # (set only for a model above 2 GB, read from its file)
+    del checked  # (its serialized model: the onnxruntime thread holds it only while it needs it)
+    clock.lap("torch run (every value)")
+    # the float64 oracle in a thread of its own, after the torch run (whose values the local outputs
+    # and the first-order pass wait for): only the swaps' rows read it
+    oracle_future = helper.submit(_oracle_outputs, base, setup.kernels, feeds, declared) if oracle else None
+    torch_out = [torch_all[o] for o in outputs]
+    if local_future is None:  # (one helper thread: made here, from the torch run's values)
+        local_future = Future()
+        local_future.set_result(_local_job(m, graph, torch_done.result, provider, base.opsets, None))
+        # their local errors here too, once the first-order pass is done (the helper thread has the
+        # drifts and the oracle to do by then)
+        errors_future = _InCaller().submit(_local_errors, graph, torch_done.result, local_future.result)
+        clock.lap("onnxruntime local outputs (one session)")
+    ort_all = ort_future.result()
+    clock.lap("onnxruntime run (every value), waited for")
+    if isinstance(helper, _InCaller):
+        drift_future.result()  # (one thread: the onnxruntime run's values are let go before the local outputs come)
+    local, no_op = local_future.result()
+    clock.lap("onnxruntime local outputs (one session), waited for")
+    ort_out = [ort_all[o] for o in outputs]
+    gap = compare(dict(zip(outputs, torch_out, strict=True)), dict(zip(outputs, ort_out, strict=True)))
+    # dead code (no graph output depends on it; onnxruntime-genai's builder, taking an MLP's Linear for the LM
+    # head, left a model's last MLP so): the torch run computed none of its values, and swapping it changes nothing
+    dead = {i for i, node in enumerate(graph.nodes) if all(not o or o not in torch_all for o in node.output)}
+    assert errors_future is not None
+    return _Runs(base, graph, keys, label, torch_all, torch_out, ort_out, local, no_op, dead, gap, large_file, drift_future, errors_future, oracle_future)
+
+
+@dataclass
+class _Plan:
+    """Which swaps run exactly, and the first-order estimate of the others' shares (empty when every swap fits
+    the budget). Op types with several nodes get a row of their own: all of them swapped at once."""
+
+    #: op type -> its nodes, in graph order
+    members_of: dict[str, list[int]]
+    run_exactly: set[int]
+    ops_exactly: set[str]
+    estimates: dict[int, float] = field(default_factory=dict)
+    op_estimates: dict[str, float] = field(default_factory=dict)
+    #: a node's mean modelled time in ns (`_Graph.costs`): whether swaps run side by side
+    node_ns: float = 0.0
+
+
+def _plan_swaps(runs: _Runs, budget: float | None, clock: _Clock) -> _Plan:
+    """The swaps that run exactly: all of them when they fit `budget` (see `blame`); else the 3 nodes and the
+    op type the first-order estimate ranks first, then the others by estimate while the budget lasts (one
+    that does not fit leaves room for a cheaper one after it)."""
+    graph, no_op = runs.graph, runs.no_op
+    candidates = [i for i in range(len(graph.nodes)) if not no_op[i] and i not in runs.dead]
+    members_of: dict[str, list[int]] = {}
+    for i, n in enumerate(graph.nodes):
+        members_of.setdefault(n.op_type, []).append(i)
+    op_candidates = [op for op, idx in members_of.items() if len(idx) > 1 and not all(no_op[i] for i in idx)]
+    ns = graph.costs(runs.torch_all) if candidates or op_candidates else np.zeros(0)
+    plan = _Plan(members_of, set(candidates), set(op_candidates), node_ns=float(ns.mean()) if ns.size else 0.0)
+    gap_mean = runs.gap.mean_abs
+    if budget is None or not (candidates or op_candidates) or gap_mean <= 0:
+        return plan
+    # a swap costs at most the nodes it may run again, weighted by their share of a run's time
+    reach = graph.reach()
+    # in runs of the graph: what a swap redoes at most, a node run again costing more in a swap than in
+    # a run (its kernel's own run, the test of whether its output changed: `_SWAP_SCALE`, `_SWAP_NODE_NS`)
+    costs = (ns * _SWAP_SCALE + _SWAP_NODE_NS) / ns.sum()
+    node_cost = {i: _weight(reach[i], costs) for i in candidates}
+    op_cost = {op: _weight(functools.reduce(operator.or_, (reach[i] for i in members_of[op])), costs) for op in op_candidates}
+    # swaps modelled to take under _EXACT_FLOOR_NS in all run exactly whatever the budget (0 aside): a
+    # small graph is blamed exactly (its runs take microseconds)
+    if budget > 0:
+        budget = max(budget, _EXACT_FLOOR_NS / float(ns.sum()))
+    if sum(node_cost.values()) + sum(op_cost.values()) <= budget:
+        return plan
+    shares = _first_order(graph, runs.torch_all, runs.local, candidates, runs.outputs, runs.ort_out, gap_mean)
+    clock.lap("first-order estimate")
+    plan.estimates = {i: max(0.0, min(1.0, shares.get(i, 0.0))) for i in candidates}
+    # to first order, swapping several nodes changes the run by the sum of their changes
+    plan.op_estimates = {op: max(0.0, min(1.0, sum(shares.get(i, 0.0) for i in members_of[op]))) for op in op_candidates}
+    node_rank = sorted(candidates, key=lambda i: -plan.estimates[i])
+    op_rank = sorted(op_candidates, key=lambda op: -plan.op_estimates[op])
+    plan.run_exactly, plan.ops_exactly = set(node_rank[:3]), set(op_rank[:1])
+    spent = sum(node_cost[i] for i in plan.run_exactly) + sum(op_cost[op] for op in plan.ops_exactly)
+    ranked: list[tuple[float, int, Any]] = [(plan.estimates[i], 0, i) for i in node_rank[3:]] + [(plan.op_estimates[op], 1, op) for op in op_rank[1:]]
+    for _, kind, what in sorted(ranked, key=lambda r: -r[0]):
+        c = node_cost[what] if kind == 0 else op_cost[what]
+        if spent + c <= budget:
+            (plan.run_exactly if kind == 0 else plan.ops_exactly).add(what)
+            spent += c
+    return plan
+
+
+#: a swap's numbers: the share of the gap it explains, its outputs' max abs error against onnxruntime's and
+#: against torch's, and the oracle's max abs and ULP errors against them (None without the oracle)
+_Measured = tuple[float, float, float, float | None, float | None]
+
+
+class _Swaps:
+    """The swaps, run and measured: each against onnxruntime's, torch's and the oracle's outputs; the exact ones
+    of the plan (side by side where torch leaves cores idle), then those the head of each table needs; and
+    each row's figures: exact where its swap ran or is a no-op, else its first-order estimate."""
+
+    def __init__(self, setup: _Setup, runs: _Runs, plan: _Plan, oracle_out: list[torch.Tensor] | None) -> None:
+        self.setup, self.runs, self.plan, self.oracle_out = setup, runs, plan, oracle_out
+        self.swapper = _Swapper(runs.graph, runs.torch_all, runs.local, runs.outputs, runs.base.opsets, runs.dead)
+        self.nodes: dict[int, _Measured] = {}  # single-node swaps run so far
+        self.ops: dict[str, _Measured] = {}  # op-type swaps run so far
+        self._named: onnx.ModelProto | None = None
+        #: a swap that changes nothing: the torch run itself
+        self.unchanged = self.measured(runs.torch_out)
+
+    def measured(self, outs: list[Any]) -> _Measured:
+        runs, gap_mean = self.runs, self.runs.gap.mean_abs
+        vs_ort = _errors(outs, runs.ort_out, ulp=False)
+        vs_torch = _errors(outs, runs.torch_out, ulp=False, mean=False)
+        explained = 0.0 if gap_mean == 0 else max(0.0, min(1.0, 1.0 - vs_ort.mean_abs / gap_mean))
+        o_abs = o_ulp = None
+        if self.oracle_out is not None:
+            r = _errors(self.oracle_out, outs, mean=False)
+            o_abs, o_ulp = r.max_abs, r.max_ulp
+        return explained, vs_ort.max_abs, vs_torch.max_abs, o_abs, o_ulp
+
+    def named(self) -> onnx.ModelProto:
+        """A copy of the model whose unnamed nodes are named by their key (what `kernels=` and onnxruntime's
+        optimized graph are matched by); made only where needed (it copies the weights)."""
+        if self._named is None:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(self.setup.m)
+            for node, key in zip(copy.graph.node, self.runs.keys, strict=True):
+                node.name = key
+            self._named = copy
+        return self._named
+
+    def swap(self, indices: list[int]) -> _Measured:
+        indices = [i for i in indices if i not in self.runs.dead]
+        if any(i not in self.runs.local for i in indices):
+            # the whole graph again: only for swaps of control flow and of nodes reading sequences
+            s = self.setup
+            swapped = dict.fromkeys((self.runs.keys[i] for i in indices), "ort")
+            ev = TorchEvaluator(self.named(), device=s.device, kernels={**s.kernels, **swapped}, check_model=False, **s.extra)
+            return self.measured(ev.run(None, s.feeds))
+        return self.measured(self.swapper.run(set(indices)))
+
+    def run(self, node_jobs: list[int], op_jobs: list[str], tick: Callable[[], Any]) -> None:
+        """Swap each of `node_jobs`, then each op type of `op_jobs` (all its nodes at once), calling `tick`
+        after each."""
+        jobs = [[i] for i in node_jobs] + [self.plan.members_of[op] for op in op_jobs]
+        results: list[_Measured] = []
+        # (your own kernels, callables, run one swap at a time: they need not be thread-safe)
+        workers = 1 if any(callable(v) for v in self.setup.kernels.values()) else _swap_workers(len(jobs), self.plan.node_ns)
+        if workers > 1:
+            with _started_pool(workers, "ortdiff-swap") as pool:
+                for res in pool.map(self.swap, jobs):  # (in order: the same table whatever the threads)
+                    results.append(res)
                     tick()
-            swapped.update(zip(node_jobs, results, strict=False))
-            op_swapped.update(zip(op_jobs, results[len(node_jobs) :], strict=True))
+        else:
+            for job in jobs:
+                results.append(self.swap(job))
+                tick()
+        self.nodes.update(zip(node_jobs, results, strict=False))
+        self.ops.update(zip(op_jobs, results[len(node_jobs) :], strict=True))
 
-        def share(i: int) -> float:
-            got = swapped.get(i)
-            return got[0] if got is not None else unchanged[0] if no_op(i) else estimates.get(i, 0.0)
-
-        def op_exact(op: str) -> bool:
-            idx = members_of[op]
-            if len(idx) == 1:  # (an op type of one node: its row is the node's)
-                return no_op(idx[0]) or idx[0] in swapped
-            return all(no_op(i) for i in idx) or op in op_swapped
-
-        def op_share(op: str) -> float:
-            idx = members_of[op]
-            if len(idx) == 1:
-                return share(idx[0])
-            if all(no_op(i) for i in idx):
-                return unchanged[0]
-            return op_swapped[op][0] if op in op_swapped else op_estimates.get(op, 0.0)
-
-        def estimated_on_top() -> tuple[list[int], list[str]]:
-            """The estimated rows that could head a table: those whose estimate of 2 % or more reaches the
-            highest exact figure (of the node rows; of the op-type rows). Their swaps settle the head: the
-            others' estimates stay below an exact figure, which further swaps only raise. First order
-            misjudges a node (a slope at the torch run, where a swap is a finite step), or its swap did not
-            fit the budget: without this an estimate could head the table, or name the culprit. At most
-            `_SETTLE_MAX`, highest first."""
-            bar = max(_SETTLE_MIN, max((share(i) for i in range(len(keys)) if no_op(i) or i in swapped), default=0.0))
-            nodes = [i for i in estimates if i not in swapped and estimates[i] >= bar]
-            op_figures = [op_share(op) for op in members_of if op_exact(op)]
-            op_bar = max(_SETTLE_MIN, max(op_figures, default=0.0))
-            ops: list[str] = []
-            for op in members_of:
-                if op_exact(op) or op_share(op) < op_bar:
-                    continue
-                idx = members_of[op]
-                if len(idx) == 1:
-                    if idx[0] not in nodes:
-                        nodes.append(idx[0])
-                else:
-                    ops.append(op)
-            # each table's highest estimate first (the one that could head it), then the others, highest first
-            by_node = sorted(nodes, key=lambda i: -share(i))
-            by_op = sorted(ops, key=lambda op: -op_share(op))
-            rest: list[tuple[float, int | str]] = sorted([(share(i), i) for i in by_node[1:]] + [(op_share(op), op) for op in by_op[1:]], key=lambda r: -r[0])
-            kept = {*by_node[:1], *by_op[:1], *(what for _, what in rest[: max(0, _SETTLE_MAX - len(by_node[:1]) - len(by_op[:1]))])}
-            return [i for i in sorted(nodes) if i in kept], [op for op in ops if op in kept]
-
-        shown_from = 1 if len(keys) >= progress.BLAME_MIN_NODES else len(jobs) + 2
-        with progress.bar(len(jobs) + 1, "ortdiff blame", unit="swap", min_total=shown_from) as shown:
-            run_swaps(node_jobs, op_jobs, shown.update)
+    def run_exact(self, clock: _Clock) -> None:
+        """The plan's exact swaps (single nodes, then op types), then those whose estimate could head a table;
+        a large graph takes seconds: a bar on a terminal (silent in CI, under -q and in xdist workers)."""
+        plan, no_op, n = self.plan, self.runs.no_op, len(self.runs.keys)
+        node_jobs = [i for i in range(n) if not no_op[i] and i in plan.run_exactly]
+        op_jobs = [op for op, idx in plan.members_of.items() if len(idx) > 1 and op in plan.ops_exactly and not all(no_op[i] for i in idx)]
+        jobs = len(node_jobs) + len(op_jobs)
+        shown_from = 1 if n >= progress.BLAME_MIN_NODES else jobs + 2
+        with progress.bar(jobs + 1, "ortdiff blame", unit="swap", min_total=shown_from) as shown:
+            self.run(node_jobs, op_jobs, shown.update)
             clock.lap("swaps")
-            if estimates or op_estimates:
+            if plan.estimates or plan.op_estimates:
                 # the row heading each table is exact: the estimated rows that could head one run too, beyond
                 # the budget (one or two swaps on the BERT- and Llama-like exports of benchmarks/real_graphs.py
                 # at the default budget, none on most graphs); one round, but where more than `_SETTLE_MAX`
                 # could. It ends: each round swaps rows not swapped before, and the bars only rise
                 while True:
-                    more_nodes, more_ops = estimated_on_top()
+                    more_nodes, more_ops = self.estimated_on_top()
                     if not more_nodes and not more_ops:
                         break
                     if isinstance(getattr(shown, "total", None), int):  # (a drawn bar: it counts them too)
                         shown.total += len(more_nodes) + len(more_ops)  # type: ignore[attr-defined]
-                    run_swaps(more_nodes, more_ops, shown.update)
+                    self.run(more_nodes, more_ops, shown.update)
                 clock.lap("swaps for the rows heading the tables")
             shown.update()
 
-        def outcome(skipped: bool, got: tuple[float, float, float, float | None, float | None] | None, estimate: float) -> tuple[float, float | None, float | None, float | None, float | None]:
-            """A row's numbers: the torch run's for a no-op swap, the swap's where it ran, else the estimate."""
-            return unchanged if skipped else got if got is not None else (estimate, None, None, None, None)
+    def share(self, i: int) -> float:
+        got = self.nodes.get(i)
+        return got[0] if got is not None else self.unchanged[0] if self.runs.no_op[i] else self.plan.estimates.get(i, 0.0)
 
-        for i, node in enumerate(m.graph.node):
-            skipped = no_op(i)
-            exact = skipped or i in swapped
-            explained, vs_ort, vs_torch, o_abs, o_ulp = outcome(skipped, swapped.get(i), estimates.get(i, 0.0))
-            local_abs, local_ulp = local_errors.get(i, (0.0, 0.0))
-            rows.append(BlameRow(keys[i], node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drifts[i], o_abs, o_ulp, skipped=skipped, scope=scopes[i], exact=exact))
+    def op_exact(self, op: str) -> bool:
+        idx, no_op = self.plan.members_of[op], self.runs.no_op
+        if len(idx) == 1:  # (an op type of one node: its row is the node's)
+            return no_op[idx[0]] or idx[0] in self.nodes
+        return all(no_op[i] for i in idx) or op in self.ops
 
-        op_rows: list[BlameRow] = []
-        for op, indices in members_of.items():
-            members = [r for r in rows if r.op_type == op]
-            if len(members) == 1:
-                op_rows.append(replace(members[0], node=op, scope=""))
+    def op_share(self, op: str) -> float:
+        idx = self.plan.members_of[op]
+        if len(idx) == 1:
+            return self.share(idx[0])
+        if all(self.runs.no_op[i] for i in idx):
+            return self.unchanged[0]
+        return self.ops[op][0] if op in self.ops else self.plan.op_estimates.get(op, 0.0)
+
+    def estimated_on_top(self) -> tuple[list[int], list[str]]:
+        """The estimated rows that could head a table: those whose estimate of 2 % or more reaches the
+        highest exact figure (of the node rows; of the op-type rows). Their swaps settle the head: the
+        others' estimates stay below an exact figure, which further swaps only raise. First order
+        misjudges a node (a slope at the torch run, where a swap is a finite step), or its swap did not
+        fit the budget: without this an estimate could head the table, or name the culprit. At most
+        `_SETTLE_MAX`, highest first."""
+        estimates, members_of, no_op = self.plan.estimates, self.plan.members_of, self.runs.no_op
+        bar = max(_SETTLE_MIN, max((self.share(i) for i in range(len(self.runs.keys)) if no_op[i] or i in self.nodes), default=0.0))
+        nodes = [i for i in estimates if i not in self.nodes and estimates[i] >= bar]
+        op_figures = [self.op_share(op) for op in members_of if self.op_exact(op)]
+        op_bar = max(_SETTLE_MIN, max(op_figures, default=0.0))
+        ops: list[str] = []
+        for op in members_of:
+            if self.op_exact(op) or self.op_share(op) < op_bar:
                 continue
-            # every member bit-identical on onnxruntime: swapping them all changes nothing either (each one's
-            # inputs stay the torch run's, by induction along the graph)
-            skipped = all(no_op(i) for i in indices)
-            exact = skipped or op in op_swapped
-            explained, vs_ort, vs_torch, o_abs, o_ulp = outcome(skipped, op_swapped.get(op), op_estimates.get(op, 0.0))
-            local_abs = max(r.local_max_abs for r in members)
-            local_ulp = max(r.local_max_ulp for r in members)
-            member_drifts = [r.drift_max_abs for r in members if r.drift_max_abs is not None]
-            op_rows.append(BlameRow(op, op, explained, vs_ort, vs_torch, local_abs, local_ulp, max(member_drifts) if member_drifts else None, o_abs, o_ulp, skipped=skipped, exact=exact))
+            idx = members_of[op]
+            if len(idx) == 1:
+                if idx[0] not in nodes:
+                    nodes.append(idx[0])
+            else:
+                ops.append(op)
+        # each table's highest estimate first (the one that could head it), then the others, highest first
+        by_node = sorted(nodes, key=lambda i: -self.share(i))
+        by_op = sorted(ops, key=lambda op: -self.op_share(op))
+        rest: list[tuple[float, int | str]] = sorted([(self.share(i), i) for i in by_node[1:]] + [(self.op_share(op), op) for op in by_op[1:]], key=lambda r: -r[0])
+        kept = {*by_node[:1], *by_op[:1], *(what for _, what in rest[: max(0, _SETTLE_MAX - len(by_node[:1]) - len(by_op[:1]))])}
+        return [i for i in sorted(nodes) if i in kept], [op for op in ops if op in kept]
 
-        options = options_in_force(provider)
-        if tf32_in_play(provider, label, options):  # (the rows onnxruntime may have computed in TF32 say so)
-            rows = [replace(r, tf32=True) if r.op_type in TF32_OPS else r for r in rows]
-            op_rows = [replace(r, tf32=True) if r.op_type in TF32_OPS else r for r in op_rows]
-        rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp))  # stable: graph order among equals
-        op_rows.sort(key=lambda r: -r.explained)
-        clock.lap("rows")
-        # onnxruntime inserts Casts only around nodes reading float16 (its InsertCastTransformer): without a
-        # float16 value there is nothing to note, and no session to build for it
-        has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in torch_all.values())
-        notes = _named_notes(named, large_file, keys, provider) if has_fp16 and not gap.is_exact else []
-        if any(r.tf32 for r in rows):
-            notes.append("(TF32) rows: " + tf32_line(options).removeprefix("note: "))
-        clock.lap("onnxruntime graph notes")
-        if not gap.is_exact:
-            notes += _departure_notes(graph, torch_all, local, keys)
-            clock.lap("departures")
-        return BlameTable(rows=rows, provider=provider, dtype=label, gap=gap, oracle=table_oracle, op_rows=op_rows, first_divergence=first_divergence, notes=notes, nodes_recomputed=swapper.executed, timings=clock.laps)
-    finally:
-        if not torch_done.done():
-            torch_done.cancel()  # (the threads waiting for the torch run end)
-        helper.shutdown(wait=False, cancel_futures=True)  # (after an error: what still runs ends on its own)
+    def figures(self, skipped: bool, got: _Measured | None, estimate: float) -> tuple[float, float | None, float | None, float | None, float | None]:
+        """A row's numbers: the torch run's for a no-op swap, the swap's where it ran, else the estimate."""
+        return self.unchanged if skipped else got if got is not None else (estimate, None, None, None, None)
+
+
+def _rows(runs: _Runs, swaps: _Swaps, local_errors: Mapping[int, tuple[float, float]], drifts: Sequence[float | None], tf32: bool) -> tuple[list[BlameRow], list[BlameRow]]:
+    """The table's rows, a node's and an op type's, most explaining first (graph order among equals), those
+    onnxruntime may compute in TF32 marked when `tf32`."""
+    rows: list[BlameRow] = []
+    for i, node in enumerate(swaps.setup.m.graph.node):
+        skipped = runs.no_op[i]
+        exact = skipped or i in swaps.nodes
+        explained, vs_ort, vs_torch, o_abs, o_ulp = swaps.figures(skipped, swaps.nodes.get(i), swaps.plan.estimates.get(i, 0.0))
+        local_abs, local_ulp = local_errors.get(i, (0.0, 0.0))
+        rows.append(BlameRow(runs.keys[i], node.op_type, explained, vs_ort, vs_torch, local_abs, local_ulp, drifts[i], o_abs, o_ulp, skipped=skipped, scope=node_scope(node), exact=exact))
+    op_rows: list[BlameRow] = []
+    for op, indices in swaps.plan.members_of.items():
+        members = [r for r in rows if r.op_type == op]
+        if len(members) == 1:
+            op_rows.append(replace(members[0], node=op, scope=""))
+            continue
+        # every member bit-identical on onnxruntime: swapping them all changes nothing either (each one's
+        # inputs stay the torch run's, by induction along the graph)
+        skipped = all(runs.no_op[i] for i in indices)
+        exact = skipped or op in swaps.ops
+        explained, vs_ort, vs_torch, o_abs, o_ulp = swaps.figures(skipped, swaps.ops.get(op), swaps.plan.op_estimates.get(op, 0.0))
+        local_abs = max(r.local_max_abs for r in members)
+        local_ulp = max(r.local_max_ulp for r in members)
+        member_drifts = [r.drift_max_abs for r in members if r.drift_max_abs is not None]
+        op_rows.append(BlameRow(op, op, explained, vs_ort, vs_torch, local_abs, local_ulp, max(member_drifts) if member_drifts else None, o_abs, o_ulp, skipped=skipped, exact=exact))
+    if tf32:
+        rows = [replace(r, tf32=True) if r.op_type in TF32_OPS else r for r in rows]
+        op_rows = [replace(r, tf32=True) if r.op_type in TF32_OPS else r for r in op_rows]
+    rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp))  # stable: graph order among equals
+    op_rows.sort(key=lambda r: -r.explained)
+    return rows, op_rows
+
+
+def _notes(runs: _Runs, swaps: _Swaps, provider: str, options: Mapping[str, str], tf32_rows: bool, clock: _Clock) -> list[str]:
+    """The table's notes: the Casts onnxruntime inserts, the TF32 rows, where onnxruntime's kernels depart
+    from an op's meaning on purpose (none when the two runs agree bit for bit)."""
+    # onnxruntime inserts Casts only around nodes reading float16 (its InsertCastTransformer): without a
+    # float16 value there is nothing to note, and no session to build for it
+    has_fp16 = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in runs.torch_all.values())
+    notes = _named_notes(swaps.named, runs.large_file, runs.keys, provider) if has_fp16 and not runs.gap.is_exact else []
+    if tf32_rows:
+        notes.append("(TF32) rows: " + tf32_line(options).removeprefix("note: "))
+    clock.lap("onnxruntime graph notes")
+    if not runs.gap.is_exact:
+        notes += _departure_notes(runs.graph, runs.torch_all, runs.local, runs.keys)
+        clock.lap("departures")
+    return notes
 
 
 def _departure_notes(graph: _Graph, values: Mapping[str, Any], local: Mapping[int, tuple[Any, ...]], keys: Sequence[str]) -> list[str]:
