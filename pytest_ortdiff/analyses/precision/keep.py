@@ -1254,23 +1254,46 @@ def keep_float32(
     report = (
         audit_report if audit_report is not None else audit(named, feeds, dtype=half, device=device, missing=missing)
     )
-    floats = _float32_values(named)
-    default_blocked = set(_default_op_block_list())
-    all_nodes = [n for g_ in iter_graphs(named.graph) for n in g_.node]
-    always = tuple(n.name for n in all_nodes if n.op_type in default_blocked)
-    candidates = frozenset(
-        n.name
-        for n in all_nodes
-        if n.op_type not in default_blocked
-        and not has_subgraph(n)
-        and any(x in floats for x in [*n.input, *n.output] if x)
-    )
-    sim = _Simulator(named, half, candidates, floats, keep_io_types=keep_io_types, device=device, missing=missing)
+    nodes = _Nodes.of(named)
+    sim = _Simulator(named, half, nodes.candidates, nodes.floats, keep_io_types=keep_io_types, device=device, missing=missing)
     search = _Search(sim, feeds, _oracle(named, feeds, device, missing), checker, max_runs, report)
     flagged = tuple(
-        n.node_name or n.name for n in report.flagged if (n.node_name or n.name) in candidates
+        n.node_name or n.name for n in report.flagged if (n.node_name or n.name) in nodes.candidates
+    )
+    status, minimality, keep, why = _search_list(search, flagged, max_runs)
+    keep_tuple = tuple(sorted(keep, key=search._position))
+    lists = _Lists(nodes, search, named, half, checker, keep_io_types, missing)
+    results, status, converted_ours = _compared_lists(lists, status, keep_tuple, report)
+    return KeepReport(
+        model=named.graph.name or "model",
+        dtype=half,
+        provider=checker.provider,
+        tolerance=checker.tolerance,
+        keep_io_types=keep_io_types,
+        inputs=len(feeds),
+        nodes=len(nodes.all_nodes),
+        candidates=len(nodes.candidates),
+        keep=keep_tuple,
+        status=status,
+        minimality=minimality,
+        why=why,
+        start=flagged,
+        runs=search.runs,
+        subsets=len(search.cache),
+        results=tuple(results),
+        always_float32=tuple(n.name for n in nodes.all_nodes if n.op_type in nodes.default_blocked),
+        ops={n.name: n.op_type for n in nodes.all_nodes if n.name in keep},
+        named=renamed,
+        notes=_keep_notes(checker.provider, half, status, converted_ours),
+        audit=report,
+        _converted=converted_ours if status in ("verified", "nothing to keep", "stopped") else None,
     )
 
+
+def _search_list(search: _Search, flagged: tuple[str, ...], max_runs: int | None) -> tuple[str, str, set[str], dict[str, str]]:
+    """The search in simulation: nothing to keep, or a list grown from the `flagged` nodes and pruned to
+    1-minimal; else why it ended without one (the tolerance unreachable, `max_runs` spent). Its status,
+    its minimality in words, the list, and why each node of it stays."""
     status, minimality = "not verified", ""
     why: dict[str, str] = {}
     keep: set[str] = set()
@@ -1300,17 +1323,54 @@ def keep_float32(
             )
             + "; raise max_runs"
         )
-    keep_tuple = tuple(sorted(keep, key=search._position))
+    return status, minimality, keep, why
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """The model's nodes (its bodies' too), the op types the converter keeps in float32 whatever the list, its
+    float32 values, and the nodes a list may keep: not of those op types, not control flow, touching a float32 value."""
+
+    all_nodes: list[onnx.NodeProto]
+    default_blocked: set[str]
+    floats: set[str]
+    candidates: frozenset[str]
+
+    @classmethod
+    def of(cls, named: onnx.ModelProto) -> _Nodes:
+        floats = _float32_values(named)
+        default_blocked = set(_default_op_block_list())
+        all_nodes = [n for g_ in iter_graphs(named.graph) for n in g_.node]
+        candidates = frozenset(
+            n.name
+            for n in all_nodes
+            if n.op_type not in default_blocked
+            and not has_subgraph(n)
+            and any(x in floats for x in [*n.input, *n.output] if x)
+        )
+        return cls(all_nodes, default_blocked, floats, candidates)
+
+
+class _Lists:
+    """The keep lists the report compares, each simulated by the search, converted with onnxruntime's
+    converter and verified (`result`)."""
+
+    def __init__(self, nodes: _Nodes, search: _Search, named: onnx.ModelProto, half: str, checker: Checker, keep_io_types: bool, missing: Literal["error", "ort"]) -> None:
+        self.nodes, self.search, self.named, self.half, self.checker = nodes, search, named, half, checker
+        self.keep_io_types, self.missing = keep_io_types, missing
 
     def result(
-        method: str, rule: str, nodes: Sequence[str], *, op_block: Sequence[str] | None = None
+        self, method: str, rule: str, nodes: Sequence[str], *, op_block: Sequence[str] | None = None
     ) -> tuple[ListResult, onnx.ModelProto]:
+        """The list `nodes` (or every node of the op types `op_block`) simulated, then converted and verified on
+        onnxruntime and in half arithmetic; and the converted model."""
+        search = self.search
         blocked_ops = set(op_block or ())
         kept = frozenset(nodes) | frozenset(
-            n.name for n in all_nodes if n.op_type in blocked_ops and n.name in candidates
+            n.name for n in self.nodes.all_nodes if n.op_type in blocked_ops and n.name in self.nodes.candidates
         )
         try:
-            simulated = search.measure(kept & candidates)
+            simulated = search.measure(kept & self.nodes.candidates)
             sim_outcome = Outcome(
                 "simulated",
                 simulated.passed,
@@ -1322,24 +1382,32 @@ def keep_float32(
             sim_outcome = Outcome(
                 "simulated", False, violation="not simulated: max_runs spent", ran=False
             )
-        ops = sorted(default_blocked | blocked_ops)
+        ops = sorted(self.nodes.default_blocked | blocked_ops)
         converted = convert_half(
-            named, nodes, dtype=half, keep_io_types=keep_io_types, op_block_list=ops
+            self.named, nodes, dtype=self.half, keep_io_types=self.keep_io_types, op_block_list=ops
         )
         ort, arith = _verify(
-            converted, search.feeds, search.judge, checker.provider, device, half, keep_io_types, missing
+            converted, search.feeds, search.judge, self.checker.provider, self.checker.device, self.half, self.keep_io_types, self.missing
         )
         shown = (
             tuple(nodes)
             if op_block is None
-            else tuple(n.name for n in all_nodes if n.op_type in blocked_ops)
+            else tuple(n.name for n in self.nodes.all_nodes if n.op_type in blocked_ops)
         )
         return ListResult(method, rule, shown, (sim_outcome, ort, arith)), converted
 
+
+def _compared_lists(
+    lists: _Lists, status: str, keep: tuple[str, ...], report: AuditReport
+) -> tuple[list[ListResult], str, onnx.ModelProto | None]:
+    """The search's list (unless unreachable) and the three it is compared with (the op-type block list, the
+    range-only rule, no list), each verified; the status once the search's list is verified, and its
+    converted model (None where it did not verify a stopped search's list)."""
+    half = lists.half
     results = []
     converted_ours: onnx.ModelProto | None = None
     if status != "unreachable":
-        ours, converted_ours = result("keep_float32", _RULES[status], keep_tuple)
+        ours, converted_ours = lists.result("keep_float32", _RULES[status], keep)
         results.append(ours)
         if status == "not verified" and ours.verified:
             status = "verified"
@@ -1351,7 +1419,7 @@ def keep_float32(
         results.append(ListResult("keep_float32", "no list meets the tolerance", (), ()))
     op_nodes = ", ".join(OP_TYPE_BLOCK_LIST)
     results.append(
-        result(
+        lists.result(
             "op-type block list",
             f"every {op_nodes} node (onnxruntime's T5 demo list)",
             (),
@@ -1360,7 +1428,7 @@ def keep_float32(
     )
     ranged = range_only_list(report)
     results.append(
-        result(
+        lists.result(
             "range-only rule",
             f"every node with a float32 output element beyond float16's ±65504 or non-zero below float16's 5.96e-08 on some input "
             f"({len(range_flagged(report))}: transformer-deploy's find_node_fp32"
@@ -1370,10 +1438,16 @@ def keep_float32(
             ranged,
         )[0]
     )
-    results.append(result("no list", "the converter's defaults", ())[0])
+    results.append(lists.result("no list", "the converter's defaults", ())[0])
+    return results, status, converted_ours
+
+
+def _keep_notes(provider: str, half: str, status: str, converted: onnx.ModelProto | None) -> tuple[str, ...]:
+    """What the report notes besides its lists: the Casts onnxruntime's CPU provider adds around float16
+    nodes, bfloat16's rounding, a simulation the converted model disagrees with."""
     notes: list[str] = []
-    if checker.provider == "CPU" and half == "float16" and converted_ours is not None:
-        notes += _upcast_notes(converted_ours, half)
+    if provider == "CPU" and half == "float16" and converted is not None:
+        notes += _upcast_notes(converted, half)
     if half == "bfloat16":
         notes.append(
             "bfloat16 keeps float32's range: overflow is float16's problem, bfloat16's is rounding (8 significant bits)"
@@ -1382,30 +1456,7 @@ def keep_float32(
         notes.append(
             "the simulation and the converted model disagree: the list passes in simulation only; see the columns"
         )
-    return KeepReport(
-        model=named.graph.name or "model",
-        dtype=half,
-        provider=checker.provider,
-        tolerance=checker.tolerance,
-        keep_io_types=keep_io_types,
-        inputs=len(feeds),
-        nodes=len(all_nodes),
-        candidates=len(candidates),
-        keep=keep_tuple,
-        status=status,
-        minimality=minimality,
-        why=why,
-        start=flagged,
-        runs=search.runs,
-        subsets=len(search.cache),
-        results=tuple(results),
-        always_float32=always,
-        ops={n.name: n.op_type for n in all_nodes if n.name in keep},
-        named=renamed,
-        notes=tuple(notes),
-        audit=report,
-        _converted=converted_ours if status in ("verified", "nothing to keep", "stopped") else None,
-    )
+    return tuple(notes)
 
 
 # ------------------------------------------------------------------------------------------------
