@@ -25,16 +25,6 @@ from ..runtimes.providers import (
 from .fixtures import PROVIDER_OPTIONS
 from .session import CASE_KEY, SKIP_KEY, RunResults
 
-__all__ = [
-    "pytest_addoption",
-    "pytest_configure",
-    "pytest_generate_tests",
-    "pytest_itemcollected",
-    "pytest_runtest_call",
-    "pytest_runtest_setup",
-    "pytest_unconfigure",
-]
-
 _FIXTURES = ("ortdiff", "ort_provider", "ort_dtype")  # all depend on _ortdiff_case
 _MARKER_KWARGS = ("providers", "dtypes", "atol", "rtol", "max_ulp", "budget", "reproducible", "provider_options")
 _REPRODUCIBLE_KWARGS = ("runs", "vary", "torch_deterministic", "session_options", "threads")
