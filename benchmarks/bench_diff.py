@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from pytest_ortdiff import OrtRunner, TorchEvaluator, compare, models
-from pytest_ortdiff.diff import _compare
+from pytest_ortdiff.numerics.diff import _compare
 
 DIMS = {"a": 2, "b": 1024, "c": 1152}
 
@@ -137,7 +137,7 @@ def gpu_figures(repeat: int) -> None:
     against torch.testing.assert_close and one read of both tensors, with each path's peak extra memory as a
     multiple of the two inputs. Goals (issue 27): 37.7M float16 elements in <= 1 ms, <= 10x a read, <= 2x
     memory; the same numbers as the CPU path (checked here on a sample of the pair)."""
-    from pytest_ortdiff import diff_triton
+    from pytest_ortdiff.numerics import diff_triton
 
     sync = torch.cuda.synchronize
     print(f"\nGPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {'importable' if diff_triton.available() else 'absent'}")

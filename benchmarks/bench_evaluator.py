@@ -311,7 +311,7 @@ def bench_gpu(repeat: int) -> None:
         timed as synced,  # (the median of timed runs, each ended by a device synchronisation)
     )
 
-    from pytest_ortdiff.providers import unavailable_reason
+    from pytest_ortdiff.runtimes.providers import unavailable_reason
 
     reason = unavailable_reason("CUDA")
     if reason:

@@ -93,8 +93,8 @@ def main() -> None:
     )
     opts = parser.parse_args()
 
-    from pytest_ortdiff.htmlreport import write_html
-    from pytest_ortdiff.results import ResultsFile
+    from pytest_ortdiff.numerics.results import ResultsFile
+    from pytest_ortdiff.reports.htmlreport import write_html
 
     with tempfile.TemporaryDirectory(prefix="bench_plugin_") as tmp:
         root = Path(tmp)

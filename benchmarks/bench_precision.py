@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_graphs
 
 from pytest_ortdiff import TorchEvaluator
-from pytest_ortdiff.precision import audit
+from pytest_ortdiff.analyses.precision import audit
 
 
 def exported(layers: int) -> Path:

@@ -78,8 +78,8 @@ def _cell(run: Callable[[], list[Any]], expected: list[np.ndarray] | None, extra
 def row(name: str, cache: Path, peers: bool) -> tuple[str, ...]:
     import onnxruntime as ort
 
+    from pytest_ortdiff.numerics.tensors import to_numpy
     from pytest_ortdiff.runtimes.evaluator import TorchEvaluator
-    from pytest_ortdiff.runtimes.tensors import to_numpy
 
     path = dm.build(name, cache)
     model = onnx.load(str(path))

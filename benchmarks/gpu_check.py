@@ -76,7 +76,7 @@ def part_exports() -> None:
 
 def part_tf32() -> None:
     from pytest_ortdiff import Checker, TorchEvaluator, models
-    from pytest_ortdiff.check import ToleranceBroken
+    from pytest_ortdiff.engine.check import ToleranceBroken
     from pytest_ortdiff.runtimes.tf32 import precision_settings
 
     out: list[str] = [f"torch settings before: {precision_settings('cuda')}"]

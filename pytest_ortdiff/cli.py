@@ -14,11 +14,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .formatting import printable as _printable
-from .results import BaselineRow, CheckRow, ResultsFile, ResultsFileError, SkipRow, TestOutcome
+from .numerics.formatting import printable as _printable
+from .numerics.results import (
+    BaselineRow,
+    CheckRow,
+    ResultsFile,
+    ResultsFileError,
+    SkipRow,
+    TestOutcome,
+)
 
 if TYPE_CHECKING:
-    from .model_io import InputSpec
+    from .runtimes.model_io import InputSpec
 
 __all__ = ["main"]
 
@@ -26,7 +33,7 @@ __all__ = ["main"]
 def _merge(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from .session import foreign_report
+    from .reports.targets import foreign_report
 
     # as pytest's --ortdiff-json/--ortdiff-html: a path holding something else than our report is kept
     for flag, value, kind in (("--output", args.output, "json"), ("--html", args.html, "html")):
@@ -34,7 +41,7 @@ def _merge(args: argparse.Namespace) -> int:
         if why:
             print(f"error: {flag} {_printable(value)}: {why}, so it is not overwritten: give the report a path of its own", file=sys.stderr)
             return 2
-    from .matrix import job_labels, pivot
+    from .reports.matrix import job_labels, pivot
 
     files: list[ResultsFile] = []
     for name in args.files:
@@ -81,7 +88,7 @@ def _merge(args: argparse.Namespace) -> int:
         elif args.markdown:
             print(_markdown_rows(sorted(rows + uncovered, key=order), tests, skips), end="")
         else:
-            from .report import render_table
+            from .numerics.report import render_table
 
             print(render_table([_shown(r) for r in sorted(rows + uncovered, key=order)]))
     except (ValueError, TypeError, OverflowError) as exc:  # a value _read_results let through and the table cannot show
@@ -112,7 +119,7 @@ def _merge(args: argparse.Namespace) -> int:
             print(f"error: --output {args.output}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     if args.html:
-        from .htmlreport import write_html
+        from .reports.htmlreport import write_html
 
         try:
             write_html(Path(args.html), files, labels)
@@ -189,7 +196,7 @@ def _short(value: Any) -> str:
 def _shown(row: CheckRow, markdown: bool = False) -> CheckRow:
     """The row as the table shows it: control characters escaped, and in markdown every character that would
     form a link, an image, HTML or a column (`formatting.markdown_text`)."""
-    from .formatting import markdown_text
+    from .numerics.formatting import markdown_text
 
     def text(value: str | None) -> str | None:
         if value is None:
@@ -216,9 +223,9 @@ def _markdown_rows(table: Sequence[CheckRow], tests: Sequence[TestOutcome], skip
     """The row listing in markdown: the table, then the failed tests and the skips as list items, in at most
     _MARKDOWN_BODY characters: the failing rows first, then the list, then the passing rows, as many as fit,
     and a note saying what was left out."""
-    from .formatting import markdown_text
-    from .matrix import MARKDOWN_LIMIT
-    from .report import render_table
+    from .numerics.formatting import markdown_text
+    from .numerics.report import render_table
+    from .reports.matrix import MARKDOWN_LIMIT
 
     head, sep, *lines = render_table([_shown(r, markdown=True) for r in table], markdown=True).splitlines()
     notes = [
@@ -292,7 +299,7 @@ def _say(text: str) -> None:
 def _precheck(args: argparse.Namespace) -> None:
     """What can be checked before torch, onnxruntime and onnx are imported (seconds): the files exist, the
     numbers and names are well formed, the provider is one we know, the tolerance is a tolerance."""
-    from .providers import parse_provider
+    from .runtimes.providers import parse_provider
 
     for attr in ("model", "original", "deployed"):
         name = getattr(args, attr, None)
@@ -323,7 +330,7 @@ def _check_file(name: str, what: str, missing: str | None = None) -> None:
 
 def _tolerance(args: argparse.Namespace) -> Any:
     """--atol/--rtol/--max-ulp/--budget as a Tolerance (None: the dtype's defaults)."""
-    from .tolerance import Tolerance, parse_budget
+    from .numerics.tolerance import Tolerance, parse_budget
 
     given = {k: getattr(args, k, None) for k in ("atol", "rtol", "max_ulp")}
     budget = getattr(args, "budget", None)
@@ -374,7 +381,7 @@ def _open_model(args: argparse.Namespace, path: str, *, dtype: str | None = None
     """`path` loaded and checked, --feeds/--dim/--input-range/--ort-kernel parsed against it (unless not `fed`:
     a model whose feeds come from another), converted to `dtype` (a float32 model only: onnxruntime's float16
     converter, every node)."""
-    from .model_io import input_specs
+    from .runtimes.model_io import input_specs
 
     checked = _load_checked(path)
     model = checked.proto
@@ -395,8 +402,8 @@ def _open_model(args: argparse.Namespace, path: str, *, dtype: str | None = None
             f"--dtype {dtype}: the model computes in {own}; compare converts a float32 model to float16 or bfloat16, not back "
             "(give the float32 model, or leave --dtype out)"
         )
-    from .model_io import InvalidModelError, check_model
-    from .precision.keep import convert_half
+    from .analyses.precision.keep import convert_half
+    from .runtimes.model_io import InvalidModelError, check_model
 
     try:
         converted = convert_half(model, (), dtype=dtype, keep_io_types=False, op_block_list=[])
@@ -409,7 +416,7 @@ def _open_model(args: argparse.Namespace, path: str, *, dtype: str | None = None
 
 def _cast_feeds(feeds: Mapping[str, Any], model: Any) -> dict[str, Any]:
     """Floating feeds cast to the model's floating input dtypes (a float16 conversion takes float16 inputs)."""
-    from .model_io import input_specs
+    from .runtimes.model_io import input_specs
 
     specs = input_specs(model)
     out = {}
@@ -453,7 +460,7 @@ def _engine(run: Callable[[], _T], m: _Model) -> _T:
 
 def _engine_error(exc: BaseException, m: _Model) -> _CompareError | None:
     """The one line for what running the model raised (None: not a refusal we know; raised as it is)."""
-    from .check import OrtRunError, UnsupportedByProvider, _from_onnxruntime
+    from .engine.check import OrtRunError, UnsupportedByProvider, _from_onnxruntime
     from .runtimes.evaluator import MissingKernelError
 
     if isinstance(exc, UnsupportedByProvider):  # a (provider, dtype, op) onnxruntime does not implement
@@ -470,7 +477,7 @@ def _engine_error(exc: BaseException, m: _Model) -> _CompareError | None:
 
 
 def _unavailable(provider: str) -> None:
-    from .providers import unavailable_reason
+    from .runtimes.providers import unavailable_reason
 
     why = unavailable_reason(provider)
     if why:
@@ -514,7 +521,7 @@ _JSON_SCHEMA = 1
 def _compare(args: argparse.Namespace) -> int:
     """`compare MODEL`: the torch evaluator vs onnxruntime on the model's own (or --dtype's) dtype; exit 0
     within the tolerance, 1 beyond it."""
-    from .check import Checker, ToleranceBroken
+    from .engine.check import Checker, ToleranceBroken
 
     _unavailable(args.provider)
     m = _open_model(args, args.model, dtype=args.dtype)
@@ -549,7 +556,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _blame(args: argparse.Namespace) -> int:
     """`blame MODEL`: every node swapped to onnxruntime in turn (pytest_ortdiff.blame); exit 0 with the
     table, whatever the gap."""
-    from .check import Checker
+    from .engine.check import Checker
 
     _unavailable(args.provider)
     m = _open_model(args, args.model, dtype=args.dtype)
@@ -571,10 +578,10 @@ def _diff(args: argparse.Namespace) -> int:
     """`diff ORIGINAL DEPLOYED`: two model files of one function (an export and its optimized, float16 or
     quantized form) on onnxruntime with the same feeds, output to output, then value by value
     (pytest_ortdiff.align) with the first divergence named; exit 0 within the tolerance, 1 beyond it."""
-    from .check import Checker
-    from .diff import DEFAULT_THRESHOLDS, compare
-    from .model_io import input_specs
-    from .tolerance import Tolerance
+    from .engine.check import Checker
+    from .numerics.diff import DEFAULT_THRESHOLDS, compare
+    from .numerics.tolerance import Tolerance
+    from .runtimes.model_io import input_specs
 
     _unavailable(args.provider)
     a = _open_model(args, args.original)
@@ -663,7 +670,7 @@ def _comparable(a: Any, b: Any) -> tuple[Any, Any, str]:
     int64 when neither is."""
     import torch
 
-    from .dtypes import dtype_of
+    from .numerics.dtypes import dtype_of
 
     fa, fb = a.is_floating_point(), b.is_floating_point()
     if fa and fb:
@@ -678,7 +685,7 @@ def _comparable(a: Any, b: Any) -> tuple[Any, Any, str]:
 def _alignment(args: argparse.Namespace, a: _Model, b: _Model, feeds: Mapping[str, Any], tol: Any) -> tuple[Any, str]:
     """compare_executions of the two models on the feeds (None and why, when they cannot be aligned: the
     outputs' verdict stands without it)."""
-    from .align import compare_executions
+    from .analyses.align import compare_executions
 
     try:
         return compare_executions(a.proto, b.proto, feeds, provider=args.provider, tolerance=tol, labels=(args.original, args.deployed)), ""
@@ -689,8 +696,8 @@ def _alignment(args: argparse.Namespace, a: _Model, b: _Model, feeds: Mapping[st
 def _precision(args: argparse.Namespace) -> int:
     """`precision MODEL`: the audit table and keep_float32's report (pytest_ortdiff.precision) on drawn or
     given feeds; exit 0 for a verified list, 1 when none meets the budget, 2 for bad arguments."""
-    from .precision.keep import keep_float32
-    from .providers import torch_device
+    from .analyses.precision.keep import keep_float32
+    from .runtimes.providers import torch_device
 
     if args.samples < 1:
         raise _CompareError(f"--samples {args.samples}: expected at least one sample")
@@ -722,7 +729,7 @@ def _precision(args: argparse.Namespace) -> int:
 def _load_checked(name: str) -> Any:
     """The model file, loaded and passed through onnx.checker (whose message beats onnxruntime's): the
     CheckedModel (a model above 2 GB is checked, and run by onnxruntime, from the file)."""
-    from .model_io import InvalidModelError, ModelLoadError, check_model, load_model
+    from .runtimes.model_io import InvalidModelError, ModelLoadError, check_model, load_model
 
     try:
         model = load_model(name)
@@ -745,7 +752,7 @@ def _load_feeds(path: str, specs: Mapping[str, InputSpec]) -> dict[str, Any]:
 
     import torch
 
-    from .model_io import check_feed, feed_dims
+    from .runtimes.model_io import check_feed, feed_dims
 
     how = "write one with numpy.savez(path, input_name=array, ...)"
     inputs = ", ".join(f"{n}: {s.describe()}" for n, s in specs.items())
@@ -850,8 +857,8 @@ def _dim_items(items: Sequence[str]) -> list[tuple[str, int]]:
 
 def _parse_dims(items: Sequence[str], model: Any, specs: Mapping[str, InputSpec], given: Mapping[str, Any], feeds_file: str | None) -> dict[str, int]:
     """--dim NAME=VALUE for every symbolic dim the feeds from --feeds do not fix already."""
-    from .model_io import feed_dims
-    from .strategies import PinnedDims, pinned_dims, symbolic_dims
+    from .analyses.strategies import PinnedDims, pinned_dims, symbolic_dims
+    from .runtimes.model_io import feed_dims
 
     known = symbolic_dims(model)
     fixed = feed_dims(specs, given)
@@ -934,7 +941,7 @@ def _range_items(items: Sequence[str]) -> list[tuple[str, str, str]]:
 def _parse_ranges(items: Sequence[str], specs: Mapping[str, InputSpec], given: Mapping[str, Any], feeds_file: str | None) -> dict[str, tuple[float, float]]:
     """--input-range NAME=LO:HI: the values a drawn input takes, LO included and HI excluded (integers:
     0:2 draws 0 and 1, as range(0, 2))."""
-    from .dtypes import DType
+    from .numerics.dtypes import DType
 
     ranges: dict[str, tuple[float, float]] = {}
     for (name, lo_text, hi_text), item in zip(_range_items(items), items, strict=True):
@@ -1031,7 +1038,7 @@ def _missing_kernel_message(exc: Exception) -> str:
     """"no torch kernel for com.microsoft::QuickGelu (opset 1); run it with onnxruntime instead:
     --ort-kernel com.microsoft::QuickGelu (or --missing=ort)" (the evaluator's own message lists every
     known op)."""
-    from .check import missing_ops
+    from .engine.check import missing_ops
 
     head = str(exc).split(";")[0]
     ops = missing_ops(exc)
@@ -1042,7 +1049,7 @@ def _missing_kernel_message(exc: Exception) -> str:
 def _model_dtype(model: Any) -> str:
     """The dtype the model computes in, for the tolerance: its first floating output's, else its first
     floating initializer's, else its first floating input's (an int64 ids input says nothing)."""
-    from .dtypes import DType
+    from .numerics.dtypes import DType
 
     codes = [vi.type.tensor_type.elem_type for vi in model.graph.output]
     codes += [t.data_type for t in model.graph.initializer]

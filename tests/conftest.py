@@ -30,7 +30,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 import device_watch
 
-import pytest_ortdiff.diff
+import pytest_ortdiff.numerics.diff
 import pytest_ortdiff.runtimes.evaluator  # noqa: F401
 
 # torch.onnx's exporters, for the same reason: a TorchScript export first made inside a pytester run (e.g.

@@ -23,9 +23,9 @@ import torch
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from pytest_ortdiff.numerics.tensors import to_numpy, to_torch
 from pytest_ortdiff.runtimes.evaluator import TorchEvaluator
 from pytest_ortdiff.runtimes.ort import OrtRunner
-from pytest_ortdiff.runtimes.tensors import to_numpy, to_torch
 
 __all__ = [
     "FLOAT_TYPES",

@@ -1,5 +1,5 @@
 """A T5-like encoder with trained-like weights, its padded input feeds and its ONNX export: the model the
-keep-in-float32 search (pytest_ortdiff.precision) is proven on against the seeds' range-only rule (seeds/001).
+keep-in-float32 search (pytest_ortdiff.analyses.precision) is proven on against the seeds' range-only rule (seeds/001).
 
 T5 v1.1's encoder as transformers writes it, small: token embedding; a relative-position bias computed in the
 graph (buckets from Log of the distance, shared by every layer) to which the padding mask is added as

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from pytest_ortdiff import models
-from pytest_ortdiff.align import (
+from pytest_ortdiff.analyses.align import (
     _GAP,
     Value,
     _align,

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_ortdiff import baseline as B
-from pytest_ortdiff.baseline import (
+from pytest_ortdiff.engine import baseline as B
+from pytest_ortdiff.engine.baseline import (
     CorruptBaselineError,
     check_baseline,
     compare_baseline,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_ortdiff import OrtRunner, TorchEvaluator, blame, compare, models
-from pytest_ortdiff.blame import ort_intermediates
+from pytest_ortdiff.engine.blame import ort_intermediates
 
 DIMS = {"a": 2, "b": 16, "c": 64}
 
@@ -133,7 +133,7 @@ def test_cpu_float16_gap_is_explained_by_inserted_casts() -> None:
 def test_graph_notes_follow_a_float32_chain_past_the_inserted_casts() -> None:
     # Exp -> ReduceSum -> Div: only Exp and Div read an inserted Cast; ReduceSum reads Exp's float32
     # output, and runs in float32 too
-    from pytest_ortdiff.blame import ort_graph_notes
+    from pytest_ortdiff.engine.blame import ort_graph_notes
 
     (note,) = ort_graph_notes(models.fp16_hazards("softmax"))
     if "inserted" not in note:
@@ -238,7 +238,7 @@ def test_an_ort_kernel_keeps_a_bounded_number_of_sessions_per_shape() -> None:
 def test_blame_names_the_checker_problem_of_an_invalid_model(cores: int, one_torch_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # jobs one after the other, one helper thread, many: the torch run does not wait for the checker's
     # verdict, whose message still comes first
-    monkeypatch.setattr(importlib.import_module("pytest_ortdiff.blame"), "_cores", lambda: cores)
+    monkeypatch.setattr(importlib.import_module("pytest_ortdiff.engine.blame"), "_cores", lambda: cores)
     model = _chained_resize_model()
     del model.graph.output[0].type.tensor_type.shape.dim[:]
     model.graph.output[0].type.tensor_type.ClearField("shape")
@@ -402,7 +402,7 @@ def test_blame_and_the_oracle_take_the_ort_overrides_that_a_missing_kernel_needs
     import onnx
     from onnx import TensorProto as TP
 
-    from pytest_ortdiff.fixtures import OrtDiff
+    from pytest_ortdiff.plugin.fixtures import OrtDiff
 
     nodes = [oh.make_node("Relu", ["x"], ["r"], name="relu"), oh.make_node("Hardmax", ["r"], ["y"], axis=-1, name="hm")]
     graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])], [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3])])
@@ -453,7 +453,7 @@ def _one_swap_per_node(model, feeds, kernels=None):
     the local error from the torch kernel and a one-node onnxruntime kernel. Node -> its numbers."""
     import onnx
 
-    from pytest_ortdiff.blame import node_key
+    from pytest_ortdiff.engine.blame import node_key
     from pytest_ortdiff.runtimes.ort_kernel import OrtKernel
 
     named = onnx.ModelProto()
@@ -583,7 +583,7 @@ def stack_export():
 
 
 def test_scope_summary_names_the_layer_of_a_planted_wrong_kernel(stack_export) -> None:
-    from pytest_ortdiff.blame import node_scope
+    from pytest_ortdiff.engine.blame import node_scope
 
     model, feeds = stack_export
     scopes = {n.name: node_scope(n) for n in model.graph.node}
@@ -634,7 +634,7 @@ def test_the_row_heading_each_table_is_exact_even_where_first_order_misranks(mon
         import real_graphs
     finally:
         sys.path.pop(0)
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
     model = real_graphs.export("bert", "torchscript", cache=False)
     feeds = real_graphs.feeds("bert", 1, 32)
     every = blame(model, feeds, budget=None)
@@ -655,7 +655,7 @@ def test_the_row_heading_each_table_is_exact_even_where_first_order_misranks(mon
 def test_a_first_order_wrong_everywhere_still_leaves_exact_rows_heading_the_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     # every node estimated at 40 %, far above any swap's figure: the swaps go on, round after round, until an
     # exact figure heads each table; the culprit is never an estimate
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
     model, feeds, _ = _zoo("llama_decoder_layer")
     every = blame(model, feeds, budget=None)
     monkeypatch.setattr(blame_module, "_first_order", lambda *args: dict.fromkeys(range(len(model.graph.node)), 0.4))
@@ -711,7 +711,7 @@ def test_node_costs_weigh_multiply_adds_and_elements() -> None:
 
     import onnx.helper as oh
 
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
     a, b, w = torch.zeros(2, 8, 16), torch.zeros(16, 32), torch.zeros(4, 3, 3, 3)
     values = {"a": a, "b": b, "y": torch.zeros(2, 8, 32), "x": torch.zeros(1, 3, 10, 10), "w": w, "c": torch.zeros(1, 4, 8, 8)}
     assert blame_module._multiply_adds(oh.make_node("MatMul", ["a", "b"], ["y"]), values) == 2 * 8 * 32 * 16
@@ -728,7 +728,7 @@ def test_local_errors_fall_back_to_one_session_per_node(monkeypatch: pytest.Monk
     # onnxruntime refusing the model of every node at once: each node on its own, the same table
     import importlib
 
-    blame_module = importlib.import_module("pytest_ortdiff.blame")  # the package's `blame` is the function
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")  # the package's `blame` is the function
 
     model, feeds, kernels = _zoo("lnmm_planted")
     expected = blame(model, feeds, kernels=kernels)
@@ -772,7 +772,7 @@ def _same_numbers(fast: Any, report: Any) -> None:
 def test_blame_statistics_are_compares_numbers(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> None:
     # blame computes a swap's max abs, max ulp and mean abs without compare()'s histogram and report;
     # its rows are compare()'s numbers, bit for bit, so the two must agree exactly, NaN/Inf rules included
-    from pytest_ortdiff.blame import _errors
+    from pytest_ortdiff.engine.blame import _errors
 
     (e, g), (e2, g2) = a, b
     _same_numbers(_errors(e, g), compare(e, g))
@@ -784,7 +784,7 @@ def test_blame_statistics_are_compares_numbers(a: tuple[torch.Tensor, torch.Tens
 def test_blame_statistics_sum_as_compare_does_across_chunks(dtype: torch.dtype, n: int, threads: int) -> None:
     # compare() sums |e - g| chunk by chunk (float16 in pieces of its casts), a chunk holding a NaN/Inf in
     # float64, over worker ranges merged in order: the mean is compare()'s only in that order
-    from pytest_ortdiff.blame import _errors
+    from pytest_ortdiff.engine.blame import _errors
 
     gen = torch.Generator().manual_seed(0)
     e = torch.randn(n, generator=gen, dtype=torch.float64)
@@ -809,7 +809,7 @@ def test_local_outputs_are_onnxruntimes_own_node_by_node() -> None:
 
     from pytest_ortdiff.runtimes.ort_kernel import OrtKernel
 
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
     model, feeds, _ = _zoo("llama_decoder_layer")
     ev = TorchEvaluator(model)
     values = ev.run(None, feeds, intermediates=True, specialise=False)
@@ -838,7 +838,7 @@ def test_graph_notes_need_no_session_without_float16(monkeypatch: pytest.MonkeyP
     # blame builds no session to look for them
     import importlib
 
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
 
     def refuse(*args: Any, **kwargs: Any) -> list[str]:
         raise AssertionError("ort_graph_notes was called for a float32 graph")
@@ -880,7 +880,7 @@ def test_swaps_side_by_side_give_the_serial_table(one_torch_thread: None, monkey
     # defaults and a small MatMul would take another path (other bits: tanh0 explained 0.49 instead of 0.60)
     import importlib
 
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
     model, feeds = _tanh_chain()
 
     def rows(t: Any) -> list[tuple[Any, ...]]:
@@ -901,7 +901,7 @@ def test_where_torch_takes_every_core_the_jobs_run_in_the_callers_thread_with_th
     import importlib
     import threading
 
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
     model, feeds = _tanh_chain()
     ran_in: set[str] = set()
     drifts = blame_module._drifts
@@ -946,7 +946,7 @@ def test_local_outputs_session_made_before_the_torch_run_leaves_out_dead_nodes(m
     # are those of the values' own session
     import importlib
 
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
     model, feeds = _tanh_chain()
     made: list[bool] = []
     combined = blame_module._combined_session
@@ -981,7 +981,7 @@ def test_one_helper_thread_gives_the_serial_table_on_a_real_export(exporter: str
         import real_graphs
     finally:
         sys.path.pop(0)
-    blame_module = importlib.import_module("pytest_ortdiff.blame")
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")
     model = real_graphs.export("llama", exporter)
     feeds = real_graphs.feeds("llama", 1, 16)
     planted = {"Softmax": lambda x, axis=-1: (torch.softmax(x, dim=axis) * 1.001,)}  # a wrong kernel of ours
@@ -1029,7 +1029,7 @@ def test_graph_notes_in_a_full_temporary_directory_cost_the_notes_only(monkeypat
     import errno
     import tempfile
 
-    from pytest_ortdiff.blame import ort_graph_notes
+    from pytest_ortdiff.engine.blame import ort_graph_notes
 
     def full(*args: Any, **kwargs: Any) -> str:
         raise OSError(errno.ENOSPC, "No space left on device")

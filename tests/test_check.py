@@ -15,9 +15,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from pytest_ortdiff import Checker, models
-from pytest_ortdiff.baseline import BaselineOutcome
-from pytest_ortdiff.blame import BlameTable
-from pytest_ortdiff.check import (
+from pytest_ortdiff.analyses.fuzz import FuzzResult, fuzz
+from pytest_ortdiff.engine.baseline import BaselineOutcome
+from pytest_ortdiff.engine.blame import BlameTable
+from pytest_ortdiff.engine.check import (
     BaselineFailed,
     CheckResult,
     MissingKernel,
@@ -26,8 +27,8 @@ from pytest_ortdiff.check import (
     ToleranceBroken,
     UnsupportedByProvider,
 )
-from pytest_ortdiff.fuzz import FuzzResult, fuzz
-from pytest_ortdiff.model_io import (
+from pytest_ortdiff.engine.reproducible import ReproducibilityReport
+from pytest_ortdiff.runtimes.model_io import (
     InvalidModelError,
     check_feeds,
     check_model,
@@ -35,7 +36,6 @@ from pytest_ortdiff.model_io import (
     load_model,
     session_input_specs,
 )
-from pytest_ortdiff.reproducible import ReproducibilityReport
 from pytest_ortdiff.runtimes.ort import OrtRunner
 
 DIMS = {"a": 1, "b": 2, "c": 4}
@@ -198,7 +198,7 @@ def _weights_model(seed: int, n: int = 1 << 16) -> onnx.ModelProto:
 
 def test_session_and_evaluator_caches_are_bounded_by_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 12, item 16: $ORTDIFF_CACHE_MB bounds the bytes of models cached, not their count."""
-    from pytest_ortdiff import check as check_module
+    from pytest_ortdiff.engine import check as check_module
     from pytest_ortdiff.runtimes import ort
 
     monkeypatch.setenv("ORTDIFF_CACHE_MB", "1")  # room for 3 of the 256 KiB models, not 6
@@ -241,7 +241,7 @@ EMPTY = "compared 0 elements: every output is empty (y: float32[0x4], z: float32
 
 @pytest.mark.parametrize("reference", ["torch", "float64"])
 def test_a_check_that_compared_nothing_fails(reference: str) -> None:
-    from pytest_ortdiff.check import NothingCompared
+    from pytest_ortdiff.engine.check import NothingCompared
 
     checker = Checker("CPU", "float32")
     with pytest.raises(NothingCompared) as info:

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from pytest_ortdiff import conformance, models
 from pytest_ortdiff.cli import _model_dtype, main
 from pytest_ortdiff.conformance import CaseResult
-from pytest_ortdiff.providers import unavailable_reason
+from pytest_ortdiff.runtimes.providers import unavailable_reason
 
 
 def _report_lines(text: str) -> list[str]:
@@ -68,6 +68,24 @@ def test_merge_reports_written_by_pytest_runs(pytester: pytest.Pytester, seed_te
     assert lines[2].startswith("test_seed.py::test_lnmm[CPU-float32]  CPU       float32  ")
     assert lines[1].endswith("passed") and lines[2].endswith("passed")
     assert "2 check(s) from 2 file(s): 2 passed, 0 failed" in lines
+
+
+def test_merge_runs_without_pytest_torch_or_onnx(tmp_path: Path) -> None:
+    """`tox -e merge` merges the jobs' files from the source tree with numpy alone: merge, --output and --html
+    import neither pytest (the plugin's layer), nor torch, onnx or onnxruntime."""
+    a = _write(tmp_path / "job-a.json", [_row("t.py::a[CPU-float32]", "float32", True)])
+    b = _write(tmp_path / "job-b.json", [_row("t.py::a[CPU-float16]", "float16", False, max_abs=0.25)])
+    code = (
+        "import sys\n"
+        "for name in ('pytest', '_pytest', 'torch', 'onnx', 'onnxruntime'):\n"
+        "    sys.modules[name] = None  # (an import of it raises ImportError)\n"
+        "from pytest_ortdiff.cli import main\n"
+        f"sys.exit(main(['merge', '--strict', '--markdown', '--output', {str(tmp_path / 'all.json')!r}, '--html', {str(tmp_path / 'all.html')!r}, {str(a)!r}, {str(b)!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr  # (--strict: one check failed)
+    assert "1 passed, 1 failed" in out.stdout and out.stderr == ""
+    assert (tmp_path / "all.html").read_text().startswith("<!DOCTYPE html>") and "results" in json.loads((tmp_path / "all.json").read_text())
 
 
 def test_merge_markdown_strict_and_skips(tmp_path: Path, cli: Callable[..., Any]) -> None:

@@ -21,7 +21,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from pytest_ortdiff import models
-from pytest_ortdiff.precision.keep import convert_half
+from pytest_ortdiff.analyses.precision.keep import convert_half
 
 DIMS = ["--dim", "a=2", "--dim", "b=8", "--dim", "c=16"]
 

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from pytest_ortdiff import conformance
 from pytest_ortdiff.conformance import KNOWN_UNSUPPORTED, CaseResult
-from pytest_ortdiff.contrib_cases import summary as contrib_summary
+from pytest_ortdiff.conformance.contrib_cases import summary as contrib_summary
 
 #: kernel bugs the suite finds: xfail(strict=True) until fixed, so that the fix fails this file (XPASS)
 #: and its entry goes. A variant the evaluator cannot compute on purpose goes to KNOWN_UNSUPPORTED instead.
@@ -260,7 +260,7 @@ def test_case_cache_is_never_written_through_a_planted_symlink(tmp_path: Any) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*planted, path.name, victim.name])
 
 
-# -- onnxruntime's contrib ops (pytest_ortdiff.contrib_cases; each case is a test in test_contrib_conformance.py)
+# -- onnxruntime's contrib ops (pytest_ortdiff.conformance.contrib_cases; each case is a test in test_contrib_conformance.py)
 
 #: the contrib ops' goal (issue 28): what onnxruntime's tool chain writes for BERT, GPT-2, Llama, Qwen2,
 #: Mistral, Phi-3, T5, ViT, Whisper and CLIP has a kernel, and every case run on this machine's onnxruntime

@@ -14,8 +14,8 @@ import pytest
 import torch
 from onnx import helper
 
-from pytest_ortdiff.contrib_cases import ContribCase
-from pytest_ortdiff.contrib_cases.attention import CASES
+from pytest_ortdiff.conformance.contrib_cases import ContribCase
+from pytest_ortdiff.conformance.contrib_cases.attention import CASES
 from pytest_ortdiff.runtimes.evaluator import TorchEvaluator
 from pytest_ortdiff.runtimes.kernels import UnsupportedVariantError
 
@@ -209,7 +209,7 @@ def test_bfloat16_matches_float64_within_its_rounding(name: str) -> None:
 
 
 def _gqa_model(inputs: dict[str, torch.Tensor | None], **attrs: Any) -> Any:
-    from pytest_ortdiff.contrib_cases.attention import _one_node
+    from pytest_ortdiff.conformance.contrib_cases.attention import _one_node
 
     outs = {"output": ("float32", 3), "present_key": (str(inputs["past_key"].dtype).removeprefix("torch."), 4), "present_value": (str(inputs["past_key"].dtype).removeprefix("torch."), 4)}  # type: ignore[union-attr]
     return _one_node("GroupQueryAttention", inputs, outs, attrs)
@@ -369,7 +369,7 @@ def test_decoder_masked_mha_packed_qkv_matches_reference() -> None:
     packed = torch.cat((feeds["query"], feeds["key"], feeds["value"]), dim=-1)
     g = torch.Generator().manual_seed(9)
     bias = torch.randn(packed.shape[-1], generator=g)
-    from pytest_ortdiff.contrib_cases.attention import _one_node
+    from pytest_ortdiff.conformance.contrib_cases.attention import _one_node
 
     inputs: dict[str, Any] = {"query": packed, "key": None, "value": None, "mask_index": None, "attention_bias": None,
                               "past_key": feeds["past_key"], "past_value": feeds["past_value"],

@@ -1,4 +1,4 @@
-"""onnxruntime's contrib ops through the torch evaluator (pytest_ortdiff.contrib_cases): every one-node case
+"""onnxruntime's contrib ops through the torch evaluator (pytest_ortdiff.conformance.contrib_cases): every one-node case
 matches onnxruntime within its ULPs (16-bit: within onnxruntime's own rounding), or departs by what it names."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from pytest_ortdiff.contrib_cases import ContribCase, ContribResult, all_cases, run_case
+from pytest_ortdiff.conformance.contrib_cases import ContribCase, ContribResult, all_cases, run_case
 
 _CASES = all_cases()
 _BY_NAME = {c.name: c for c in _CASES}
@@ -55,7 +55,7 @@ def _case(op: str, dtype: str, **kw: object) -> ContribCase:
 
 
 def test_runner_classifies_pass_departs_and_absent_provider() -> None:
-    from pytest_ortdiff.contrib_cases import render
+    from pytest_ortdiff.conformance.contrib_cases import render
 
     ok = run_case(_case("Tanh", "float32"))
     assert ok.status == "pass" and ok.ulp is not None and ok.ulp <= 4 and ok.allowed == 4

@@ -17,8 +17,8 @@ import torch
 from onnx import TensorProto
 
 from pytest_ortdiff import TorchEvaluator
-from pytest_ortdiff.contrib_cases import _floored_ulp
-from pytest_ortdiff.contrib_cases.quantization import _matmul_nbits
+from pytest_ortdiff.conformance.contrib_cases import _floored_ulp
+from pytest_ortdiff.conformance.contrib_cases.quantization import _matmul_nbits
 from pytest_ortdiff.runtimes.kernels import UnsupportedVariantError
 from pytest_ortdiff.runtimes.kernels.contrib.quantization import (
     MatMulNBitsAsOnnxruntime,

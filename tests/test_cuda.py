@@ -12,9 +12,10 @@ import onnx.helper as oh
 import pytest
 import torch
 
-from pytest_ortdiff import OrtRunner, Tolerance, TorchEvaluator, compare, diff, models
-from pytest_ortdiff.diff import DiffReport
-from pytest_ortdiff.providers import unavailable_reason
+from pytest_ortdiff import OrtRunner, Tolerance, TorchEvaluator, compare, models
+from pytest_ortdiff.numerics import diff
+from pytest_ortdiff.numerics.diff import DiffReport
+from pytest_ortdiff.runtimes.providers import unavailable_reason
 
 DIMS = {"a": 2, "b": 8, "c": 16}
 INPUTS = ("X", "scale", "bias", "weights", "bias2")
@@ -159,7 +160,7 @@ def test_compare_cuda_against_cpu_tensor() -> None:
 
 @needs_cuda
 def test_the_fused_pass_is_the_default_on_cuda_where_triton_is_importable() -> None:
-    from pytest_ortdiff import diff_triton
+    from pytest_ortdiff.numerics import diff_triton
 
     e = torch.linspace(-1, 1, 10_000, device="cuda")
     expected_path = "triton" if diff_triton.available() else "torch"

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pytest_ortdiff import Checker
-from pytest_ortdiff.check import ToleranceBroken
+from pytest_ortdiff.engine.check import ToleranceBroken
 from pytest_ortdiff.models import transformer_feeds
 
 Deployed = Callable[[str], Path]
@@ -33,7 +33,7 @@ def test_a_blame_that_fails_never_hides_the_failure_report(monkeypatch: pytest.M
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("torch kernel OrtKernel failed on node 'embed'\nsecond line")
 
-    monkeypatch.setattr(importlib.import_module("pytest_ortdiff.blame"), "blame", broken)
+    monkeypatch.setattr(importlib.import_module("pytest_ortdiff.engine.blame"), "blame", broken)
     f = onnx.TensorProto.FLOAT
     graph = oh.make_graph([oh.make_node("Tanh", ["x"], ["y"], name="tanh")], "g", [oh.make_tensor_value_info("x", f, [2, 3])], [oh.make_tensor_value_info("y", f, [2, 3])])
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
@@ -78,7 +78,7 @@ def test_an_int4_model_against_its_float32_parent_names_matmulnbits_the_first_di
     """Llama's dynamo export and its MatMulNBits int4 form (block 32, symmetric): the outputs moved, every value
     before the first quantized projection is identical, and the first divergence named is that MatMulNBits,
     by the error numpy finds between the float32 weight and the int4 blocks dequantized by hand."""
-    from pytest_ortdiff.align import DeploymentMoved, check_deployment
+    from pytest_ortdiff.analyses.align import DeploymentMoved, check_deployment
 
     parent, int4 = deployed("llama-dynamo"), deployed("llama-dynamo-int4")
     feeds = transformer_feeds(int4, batch=1, sequence=8)
@@ -107,7 +107,7 @@ def test_a_float16_conversion_behind_float32_io_is_judged_as_float16_pair_by_pai
     """BERT optimized then converted keep_io_types=True: outputs within float16's tolerance of the float32
     export's; aligned, no pair diverges: the fused nodes (SkipLayerNormalization against the LayerNormalization
     it replaced) and the float32 outputs computed in float16 are judged as float16."""
-    from pytest_ortdiff.align import check_deployment
+    from pytest_ortdiff.analyses.align import check_deployment
 
     parent, fp16 = deployed("bert-torchscript"), deployed("bert-torchscript-opt-fp16")
     feeds = transformer_feeds(fp16, batch=2, sequence=6)
@@ -128,7 +128,7 @@ def test_a_float16_conversion_behind_float32_io_is_judged_as_float16_pair_by_pai
 def test_the_float16_converters_saturated_mask_is_no_divergence(deployed: Deployed) -> None:
     """float32's min in an attention mask (-3.4e38) is -65504 in the float16 model: compared as float16 stores
     it, not a divergence of 3.4e38."""
-    from pytest_ortdiff.align import check_deployment
+    from pytest_ortdiff.analyses.align import check_deployment
 
     report = check_deployment(deployed("llama-dynamo"), deployed("llama-dynamo-fp16"), transformer_feeds(deployed("llama-dynamo")), align=True)
     assert report.passed and report.alignment is not None and report.divergence is None
@@ -139,7 +139,7 @@ def test_the_float16_converters_saturated_mask_is_no_divergence(deployed: Deploy
 def test_a_qdq_model_diverges_first_where_a_dequantized_weight_is_read(deployed: Deployed) -> None:
     """quantize_static's QDQ BERT: the first value to move is the word embedding's Gather, reading its table
     through QuantizeLinear/DequantizeLinear (int8 weights), by the table's own int8 rounding."""
-    from pytest_ortdiff.align import DeploymentMoved, check_deployment
+    from pytest_ortdiff.analyses.align import DeploymentMoved, check_deployment
 
     parent, qdq = deployed("bert-torchscript"), deployed("bert-torchscript-qdq")
     feeds = transformer_feeds(qdq)
@@ -182,7 +182,7 @@ def test_int4_within_a_budget(ortdiff):
 def test_a_genai_int4_decoder_with_past_against_its_fp32_build_names_the_quantized_embedding(deployed: Deployed) -> None:
     """onnxruntime-genai's int4 build against its fp32 build of one checkpoint, fed a decode step (past 4): the
     first divergence is the first quantized node, the int4 embedding (GatherBlockQuantized)."""
-    from pytest_ortdiff.align import DeploymentMoved, check_deployment
+    from pytest_ortdiff.analyses.align import DeploymentMoved, check_deployment
 
     fp32, int4 = deployed("llama-genai-fp32"), deployed("llama-genai-int4")
     feeds = transformer_feeds(int4, sequence=1, past=4)
@@ -224,7 +224,7 @@ def test_the_precision_command_names_an_op_without_a_kernel_in_one_line(monkeypa
     def no_kernel(*args: Any, **kwargs: Any) -> Any:
         raise MissingKernelError("no torch kernel for com.microsoft::Foo (opset 1); run it on onnxruntime: ...; known ops: Abs, ...", ("com.microsoft::Foo",))
 
-    monkeypatch.setattr(importlib.import_module("pytest_ortdiff.precision.keep"), "keep_float32", no_kernel)
+    monkeypatch.setattr(importlib.import_module("pytest_ortdiff.analyses.precision.keep"), "keep_float32", no_kernel)
     path = tmp_path / "mlp.onnx"
     onnx.save(models.mlp(), str(path))
     result = cli("precision", str(path), "--dim", "batch=2")
@@ -236,7 +236,7 @@ def test_the_precision_command_names_an_op_without_a_kernel_in_one_line(monkeypa
 def test_compare_executions_judges_a_float16_conversion_behind_float32_io_as_float16(deployed: Deployed) -> None:
     """The command line's `diff` aligns with compare_executions: a keep_io_types=True conversion's float32
     output (float16 values cast up) is within float16's tolerance of the float32 export's, not beyond float32's."""
-    from pytest_ortdiff.align import compare_executions
+    from pytest_ortdiff.analyses.align import compare_executions
 
     parent, fp16 = deployed("bert-torchscript"), deployed("bert-torchscript-opt-fp16")
     alignment = compare_executions(parent, fp16, transformer_feeds(fp16))

@@ -75,7 +75,7 @@ def test_convert_half_keeps_one_of_the_identical_casts_onnxruntime_131s_converte
     converter gives: the same nodes, and the same float16-arithmetic outputs bit for bit."""
     import onnxruntime.transformers.float16 as float16
 
-    from pytest_ortdiff.precision.keep import convert_half
+    from pytest_ortdiff.analyses.precision.keep import convert_half
 
     model = _fanout_model()
     good = convert_half(model, op_block_list=["Pow", "Sin"])
@@ -124,7 +124,7 @@ def test_a_float16_model_behind_float32_io_is_judged_as_float16(deployed: Callab
     float16 ULPs, and says so; the same outputs against float32's tolerance would fail (the rounding of
     float16 arithmetic, not a bug)."""
     from pytest_ortdiff import Checker
-    from pytest_ortdiff.model_io import compute_dtype
+    from pytest_ortdiff.runtimes.model_io import compute_dtype
 
     path = deployed("llama-dynamo-fp16")
     assert compute_dtype(onnx.load(str(path))) == "float16"
@@ -143,7 +143,7 @@ def test_a_float16_model_behind_float32_io_is_judged_as_float16(deployed: Callab
 
 def test_the_float16_compute_dtype_is_in_the_failure_report_and_no_other_dtype_warning(deployed: Callable[[str], Path]) -> None:
     from pytest_ortdiff import Checker
-    from pytest_ortdiff.check import OrtDiffDtypeWarning, ToleranceBroken
+    from pytest_ortdiff.engine.check import OrtDiffDtypeWarning, ToleranceBroken
 
     path = deployed("llama-dynamo-fp16")
     feeds = transformer_feeds(path)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pytest_ortdiff import Checker, TorchEvaluator
-from pytest_ortdiff.check import ToleranceBroken
+from pytest_ortdiff.engine.check import ToleranceBroken
 from pytest_ortdiff.models import set_feed_range, transformer_feeds
 
 Deployed = Callable[[str], Path]
@@ -66,7 +66,7 @@ def test_a_qdq_model_matches_as_written_and_check_optimization_names_the_fusing_
     bit for bit; at its default level onnxruntime runs integer kernels (QLinearMatMul, QLinearAdd) whose
     rounding flips a few outputs by one quantization step, and check_optimization names the level and node."""
     from pytest_ortdiff import OrtRunner
-    from pytest_ortdiff.align import check_optimization
+    from pytest_ortdiff.analyses.align import check_optimization
 
     path = deployed("bert-torchscript-qdq")
     feeds = dm.feeds(path, batch=2, seq=5)
@@ -172,7 +172,7 @@ def test_the_oracle_blame_and_reproducibility_run_every_node_on_torch(form: str,
 def test_the_precision_audit_and_keep_list_run_on_an_optimized_graph(deployed: Deployed) -> None:
     """BERT after onnxruntime's optimizer, its fused contrib nodes audited for float16 and converted by the
     keep-in-float32 search: no traceback, every node audited, the keep list verified on onnxruntime."""
-    from pytest_ortdiff import precision
+    from pytest_ortdiff.analyses import precision
 
     path = deployed("bert-torchscript-opt")
     feeds = [dm.feeds(path, seed=s) for s in range(2)]
@@ -190,7 +190,7 @@ def test_fuzz_runs_an_optimized_graph_over_batch_and_sequence(deployed: Deployed
     set_feed_range(model, "attention_mask", 1, 2)  # (ones: a mask of 0..9 means nothing)
     set_feed_range(model, "token_type_ids", 0, 2)
     checker = Checker("CPU", "float32")
-    from pytest_ortdiff.fuzz import fuzz
+    from pytest_ortdiff.analyses.fuzz import fuzz
 
     result = fuzz(checker, model, dims={"batch": (1, 3), "sequence": (1, 16)}, max_examples=5)
     assert result.examples == 5

@@ -1,6 +1,6 @@
 """compare() / DiffReport against an independent float64 numpy reference of the documented semantics.
 
-The reference (`reference()` below) shares no code with pytest_ortdiff.diff: it computes |e - g| in the
+The reference (`reference()` below) shares no code with pytest_ortdiff.numerics.diff: it computes |e - g| in the
 work dtype (float32 for float16/bfloat16/float32, float64 for float64 and 32/64-bit ints), then every
 comparison in float64, NaN/Inf rules with explicit masks and ULP distances with Python integers.
 The implementation is run four ways against it (`PATHS`): the numpy path CPU tensors take, the same
@@ -26,8 +26,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_ortdiff import diff
-from pytest_ortdiff.diff import DEFAULT_THRESHOLDS, DiffReport, ShapeMismatchError, compare
+from pytest_ortdiff.numerics import diff
+from pytest_ortdiff.numerics.diff import DEFAULT_THRESHOLDS, DiffReport, ShapeMismatchError, compare
 
 # ORTDIFF_EXAMPLES=2000 for a long hunt; the default keeps the file under ~20 s
 SETTINGS = settings(max_examples=int(os.environ.get("ORTDIFF_EXAMPLES", "50")), deadline=None, suppress_health_check=[HealthCheck.too_slow])

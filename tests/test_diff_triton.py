@@ -26,11 +26,11 @@ from test_diff import (
     tolerances,
 )
 
-from pytest_ortdiff import diff
+from pytest_ortdiff.numerics import diff
 
 pytest.importorskip("triton", reason="Triton is not installed here (a CPU torch does not bring it): pip install triton")
 
-from pytest_ortdiff import diff_triton
+from pytest_ortdiff.numerics import diff_triton
 
 KINDS = ("float16", "bfloat16", "float32")
 

@@ -1,4 +1,4 @@
-"""The onnxruntime torch.compile backend (pytest_ortdiff.dynamo): the seeds/003 MLP trained under
+"""The onnxruntime torch.compile backend (pytest_ortdiff.analyses.dynamo): the seeds/003 MLP trained under
 torch.compile(backend=...) against eager, per-graph per-call records (checked on a planted mismatch of known
 size), fallback to eager with the exporter's reason, and `ortdiff.check_compile` in real pytest runs."""
 
@@ -17,7 +17,7 @@ import onnxruntime
 import pytest
 import torch
 
-from pytest_ortdiff.dynamo import (
+from pytest_ortdiff.analyses.dynamo import (
     CompileCheck,
     ExportFailed,
     OrtBackend,
@@ -26,7 +26,7 @@ from pytest_ortdiff.dynamo import (
     backward_decompositions,
     make_backend,
 )
-from pytest_ortdiff.fixtures import OrtDiff
+from pytest_ortdiff.plugin.fixtures import OrtDiff
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("onnxscript") is None, reason="onnxscript not installed (the export extra)"),
@@ -318,7 +318,7 @@ def test_convolution_backward_as_convolutions_matches_aten(transposed: bool) -> 
 
 
 def test_backend_is_a_torch_compile_backend() -> None:
-    from pytest_ortdiff.dynamo import ort_backend
+    from pytest_ortdiff.analyses.dynamo import ort_backend
 
     assert isinstance(ort_backend, OrtBackend) and not ort_backend.check and ort_backend.fallback
     with pytest.raises(ValueError, match="opset must be an ONNX opset version"):

@@ -20,9 +20,9 @@ from onnx import TensorProto as TP
 from onnx import numpy_helper
 
 from pytest_ortdiff import TorchEvaluator, models
+from pytest_ortdiff.numerics.tensors import _from_onnx_tensor_via_numpy, from_onnx_tensor, to_numpy
 from pytest_ortdiff.runtimes import evaluator as evaluator_module
 from pytest_ortdiff.runtimes.kernels.generator import Constant
-from pytest_ortdiff.runtimes.tensors import _from_onnx_tensor_via_numpy, from_onnx_tensor, to_numpy
 
 
 @pytest.fixture(autouse=True, scope="module")

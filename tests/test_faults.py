@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_ortdiff.baseline import load_baseline
+from pytest_ortdiff.engine.baseline import load_baseline
 
 # the job: a baseline rewritten by every run (its value is the run number) and a check that fails when
 # FAIL is set (a kernel off by 0.5); the conftest notes when the session has started (after configure)

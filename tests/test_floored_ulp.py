@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 
 from pytest_ortdiff import Checker, Tolerance, compare, models
-from pytest_ortdiff.htmlreport import render
-from pytest_ortdiff.matrix import pivot
-from pytest_ortdiff.report import render_table
-from pytest_ortdiff.results import CheckRow, ResultsFile
+from pytest_ortdiff.numerics.report import render_table
+from pytest_ortdiff.numerics.results import CheckRow, ResultsFile
+from pytest_ortdiff.reports.htmlreport import render
+from pytest_ortdiff.reports.matrix import pivot
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pytest_ortdiff.htmlreport import write_html
-from pytest_ortdiff.matrix import pivot
-from pytest_ortdiff.results import BaselineRow, ResultsFile, TestOutcome
+from pytest_ortdiff.numerics.results import BaselineRow, ResultsFile, TestOutcome
+from pytest_ortdiff.reports.htmlreport import write_html
+from pytest_ortdiff.reports.matrix import pivot
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from pytest_ortdiff import Checker, models
-from pytest_ortdiff.check import CheckResult, ToleranceBroken
-from pytest_ortdiff.htmlreport import render, write_html
-from pytest_ortdiff.results import (
+from pytest_ortdiff.engine.check import CheckResult, ToleranceBroken
+from pytest_ortdiff.numerics.results import (
     UNFINISHED_RUN,
     BaselineRow,
     CheckRow,
@@ -25,6 +24,7 @@ from pytest_ortdiff.results import (
     ResultsFile,
     TestOutcome,
 )
+from pytest_ortdiff.reports.htmlreport import render, write_html
 
 DIMS = {"a": 2, "b": 16, "c": 32}
 #: fails on float16 at these dims (about 20 % of elements off by more than 1e-3), passes on float32

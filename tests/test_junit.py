@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pytest_ortdiff import OrtRunner, TorchEvaluator, models
-from pytest_ortdiff.report import junit_properties
-from pytest_ortdiff.results import CheckRow
+from pytest_ortdiff.numerics.report import junit_properties
+from pytest_ortdiff.numerics.results import CheckRow
 
 DIMS = {"a": 2, "b": 8, "c": 16}
 
@@ -179,7 +179,7 @@ def test_a_repeated_check_replaces_its_properties(pytester: pytest.Pytester) -> 
     its properties alone in the XML."""
     pytester.makepyfile(
         test_twice="""
-        from pytest_ortdiff.results import CheckRow
+        from pytest_ortdiff.numerics.results import CheckRow
 
         def test_twice(ortdiff):
             worse = CheckRow(test="", provider="CPU", dtype="float32", max_abs=0.5, max_rel=1.0, max_ulp=9.0, worst="bad", passed=True)

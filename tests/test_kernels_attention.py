@@ -21,11 +21,11 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from pytest_ortdiff import models
+from pytest_ortdiff.numerics.tensors import to_numpy, to_torch
 from pytest_ortdiff.runtimes.evaluator import TorchEvaluator
 from pytest_ortdiff.runtimes.kernels import KernelContext, UnsupportedVariantError, lookup
 from pytest_ortdiff.runtimes.kernels.math import matmul
 from pytest_ortdiff.runtimes.kernels.nn import attention, normalization
-from pytest_ortdiff.runtimes.tensors import to_numpy, to_torch
 
 CPU = torch.device("cpu")
 NP_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from pytest_ortdiff import TorchEvaluator, compare
-from pytest_ortdiff.contrib_cases import ContribCase, activation, matmul, normalization
-from pytest_ortdiff.contrib_cases._onenode import MS, one_node, randn
+from pytest_ortdiff.conformance.contrib_cases import ContribCase, activation, matmul, normalization
+from pytest_ortdiff.conformance.contrib_cases._onenode import MS, one_node, randn
+from pytest_ortdiff.numerics.tensors import from_onnx_tensor
 from pytest_ortdiff.runtimes.kernels import UnsupportedVariantError
-from pytest_ortdiff.runtimes.tensors import from_onnx_tensor
 
 Arrays = dict[str, np.ndarray]
 _erf = np.vectorize(math.erf)

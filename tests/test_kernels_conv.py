@@ -23,8 +23,8 @@ from kernel_harness import (
 from onnx import TensorProto, helper
 from torch import nn
 
+from pytest_ortdiff.numerics.tensors import to_numpy
 from pytest_ortdiff.runtimes.evaluator import TorchEvaluator
-from pytest_ortdiff.runtimes.tensors import to_numpy
 
 RNG = np.random.default_rng(0)
 

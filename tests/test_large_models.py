@@ -20,11 +20,11 @@ import torch
 from google.protobuf.message import EncodeError
 
 from pytest_ortdiff import Checker, OrtRunner, blame, models
-from pytest_ortdiff.check import ToleranceBroken
 from pytest_ortdiff.cli import main
-from pytest_ortdiff.model_io import EXTERNAL_DATA_FOLDER, check_model, serialized
+from pytest_ortdiff.engine.check import ToleranceBroken
+from pytest_ortdiff.runtimes.model_io import EXTERNAL_DATA_FOLDER, check_model, serialized
 
-model_io = importlib.import_module("pytest_ortdiff.model_io")
+model_io = importlib.import_module("pytest_ortdiff.runtimes.model_io")
 DIMS = {"a": 2, "b": 16, "c": 64}
 
 
@@ -144,7 +144,7 @@ def test_blame_of_a_large_model_names_the_planted_kernel_as_the_small_one(large:
 
 
 def test_every_value_of_a_large_model_comes_from_one_session_over_its_files(large: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_ortdiff.blame import ort_intermediates
+    from pytest_ortdiff.engine.blame import ort_intermediates
 
     path, feeds, model = large
     made: list[Any] = []
@@ -168,7 +168,7 @@ def test_every_value_of_a_large_model_comes_from_one_session_over_its_files(larg
 
 
 def test_reproducibility_of_a_large_model_runs_from_its_file(large: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_ortdiff.reproducible import check_reproducible
+    from pytest_ortdiff.engine.reproducible import check_reproducible
 
     path, feeds, _ = large
     report = check_reproducible(path, feeds, vary=("threads",), runs=2)
@@ -176,7 +176,7 @@ def test_reproducibility_of_a_large_model_runs_from_its_file(large: Any, monkeyp
     with pytest.raises(ValueError, match="larger than 2 GB"):
         check_reproducible(onnx.load(str(path)), feeds, runs=2)
     # the localiser's every-value copy reads the weights from their folder too: it runs (two runs alike)
-    reproducible = importlib.import_module("pytest_ortdiff.reproducible")
+    reproducible = importlib.import_module("pytest_ortdiff.engine.reproducible")
     exposed, config = model_io.exposed_for_ort(onnx.load(str(path), load_external_data=False), None, path)
     assert config == {EXTERNAL_DATA_FOLDER: str(path.parent.resolve())}
     assert reproducible._localise_ort(exposed, config, onnx.load(str(path)), feeds, "CPU", {}, None, 2) == reproducible._NOT_LOCALISED
@@ -204,7 +204,7 @@ def test_the_compare_command_takes_a_large_model_file(large: Any, capsys: pytest
 
 
 def test_graph_notes_of_a_large_float16_model_come_from_its_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_ortdiff.blame import ort_graph_notes
+    from pytest_ortdiff.engine.blame import ort_graph_notes
 
     model = models.fp16_hazards("softmax")
     want = ort_graph_notes(model)
@@ -217,7 +217,7 @@ def test_graph_notes_of_a_large_float16_model_come_from_its_file(tmp_path: Path,
 
 
 def test_aligning_executions_refuses_a_large_model_with_what_to_do_instead(large: Any) -> None:
-    from pytest_ortdiff.align import check_optimization, compare_executions
+    from pytest_ortdiff.analyses.align import check_optimization, compare_executions
 
     path, feeds, _ = large
     with pytest.raises(ValueError, match=r"'a' is larger than 2 GB: aligning executions serializes the model again.*Checker\.check\(path, feeds, blame=True\)"):
@@ -247,7 +247,7 @@ def test_a_model_file_under_2_gb_is_read_once(tmp_path: Path, monkeypatch: pytes
 
 
 def test_fuzzing_a_large_model_runs_it_from_its_file(large: Any) -> None:
-    from pytest_ortdiff.fuzz import fuzz
+    from pytest_ortdiff.analyses.fuzz import fuzz
 
     path, _, _ = large
     result = fuzz(Checker("CPU", "float32"), path, dims={"a": (1, 3), "b": (1, 8), "c": (64, 64)}, max_examples=3)
@@ -283,7 +283,7 @@ def test_a_real_export_above_the_limit_gives_the_in_memory_numbers_and_table(exp
 
 
 def test_a_large_model_runs_from_its_file_on_cuda(large: Any) -> None:
-    from pytest_ortdiff.providers import unavailable_reason
+    from pytest_ortdiff.runtimes.providers import unavailable_reason
 
     why = unavailable_reason("CUDA")
     if why:

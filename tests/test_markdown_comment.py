@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ortdiff.matrix import MARKDOWN_LIMIT
+from pytest_ortdiff.reports.matrix import MARKDOWN_LIMIT
 
 HOSTILE = (
     "t.py::test_a[[x]: https://evil.example/x.png]",  # a reference definition...

@@ -1,4 +1,4 @@
-"""The CI matrix (pytest_ortdiff.matrix) and `merge` over it: test ids without their provider/dtype part,
+"""The CI matrix (pytest_ortdiff.reports.matrix) and `merge` over it: test ids without their provider/dtype part,
 three fake jobs of two onnxruntime versions pivoted into one matrix with a conflict cell (the markdown pinned),
 `--strict` on failures and on conflicts, files of schema 2 still merged, text fitted to a width, job labels."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_ortdiff.cli import main
-from pytest_ortdiff.matrix import Column, elide, job_labels, pivot, test_key
-from pytest_ortdiff.results import BaselineRow, Environment, ResultsFile
+from pytest_ortdiff.numerics.results import BaselineRow, Environment, ResultsFile
+from pytest_ortdiff.reports.matrix import Column, elide, job_labels, pivot, test_key
 
 
 @pytest.mark.parametrize(
@@ -249,8 +249,8 @@ def test_job_labels_and_the_environment_round_trip() -> None:
 def test_a_job_that_skipped_its_cuda_cases_is_labelled_by_what_ran() -> None:
     """A CPU machine running --ort-providers=CPU,CUDA with --ort-skip-unavailable skips its CUDA cases: its
     label names CPU only, and never shows the CPU's model as if it were a GPU."""
-    from pytest_ortdiff.matrix import ran_environment
-    from pytest_ortdiff.results import TestOutcome
+    from pytest_ortdiff.numerics.results import TestOutcome
+    from pytest_ortdiff.reports.matrix import ran_environment
 
     env = Environment(onnxruntime="1.32.0", device="AMD EPYC 7B13", providers=("CPU", "CUDA"), dtypes=("float32",))
     ran = [TestOutcome("t.py::test_x[CPU-float32]", "passed", "CPU", "float32")]
@@ -269,7 +269,7 @@ def test_baseline_rows_carry_drift_and_read_old_rows() -> None:
     assert (old.max_abs, old.env_changes, old.message) == (None, (), None)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pytest_ortdiff.htmlreport") is None, reason="pytest_ortdiff.htmlreport (merge --html's renderer) is not in this checkout")
+@pytest.mark.skipif(importlib.util.find_spec("pytest_ortdiff.reports.htmlreport") is None, reason="pytest_ortdiff.reports.htmlreport (merge --html's renderer) is not in this checkout")
 def test_merge_html_writes_the_report_of_every_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "site" / "ortdiff.html"
     rc, _ = _merge(capsys, *_jobs(tmp_path, ("cpu-a", JOB_A), ("cpu-b", JOB_B), ("cpu-c", JOB_C)), "--html", str(out), "--label-from-file")
@@ -279,7 +279,7 @@ def test_merge_html_writes_the_report_of_every_job(tmp_path: Path, capsys: pytes
 
 def test_xdist_group_suffix_is_not_part_of_the_test() -> None:
     """`--dist loadgroup` appends `@group` to the ids of grouped tests (the plugin groups GPU cases)."""
-    from pytest_ortdiff.matrix import test_key
+    from pytest_ortdiff.reports.matrix import test_key
 
     assert test_key("t.py::test_x[CUDA-float16]@ortdiff-gpu") == "t.py::test_x"
     assert test_key("t.py::test_y[CUDA-float32-7]@ortdiff-gpu") == "t.py::test_y[7]"

@@ -14,10 +14,11 @@ import torch
 from onnx import TensorProto, helper
 from optimized_models import ARCHITECTURES, deployed, feeds_for
 
-from pytest_ortdiff import Checker, TorchEvaluator, blame, model_io
-from pytest_ortdiff.contrib_cases._onenode import one_node, randn
-from pytest_ortdiff.model_io import SORTED_NOTE, InvalidModelError, check_model
-from pytest_ortdiff.results import CheckRow
+from pytest_ortdiff import Checker, TorchEvaluator, blame
+from pytest_ortdiff.conformance.contrib_cases._onenode import one_node, randn
+from pytest_ortdiff.numerics.results import CheckRow
+from pytest_ortdiff.runtimes import model_io
+from pytest_ortdiff.runtimes.model_io import SORTED_NOTE, InvalidModelError, check_model
 from pytest_ortdiff.runtimes.ort import OrtRunner
 
 
@@ -146,7 +147,7 @@ def test_an_unsorted_graph_is_sorted_and_the_report_says_so(fresh_gate: None, tm
     assert result.notes == (SORTED_NOTE,) and f"note: {SORTED_NOTE}" in result.render()
     row = result.rows()[0]
     assert row.notes == (SORTED_NOTE,) and CheckRow.from_dict(row.to_dict()).notes == (SORTED_NOTE,)
-    from pytest_ortdiff.report import render_table
+    from pytest_ortdiff.numerics.report import render_table
 
     assert SORTED_NOTE in render_table([row])
     table = blame(shuffled, feeds)  # blame runs the graph in an order it can run in too

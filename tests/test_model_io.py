@@ -14,7 +14,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pytest_ortdiff import models
-from pytest_ortdiff.model_io import ModelLoadError, expose_all_values, exposed_bytes, load_model
+from pytest_ortdiff.runtimes.model_io import (
+    ModelLoadError,
+    expose_all_values,
+    exposed_bytes,
+    load_model,
+)
 
 W = np.arange(4, dtype=np.float32).reshape(2, 2)
 
@@ -106,7 +111,7 @@ def test_iter_graphs_and_has_subgraph_reach_nested_bodies() -> None:
     """The one graph walk the evaluator, blame and the precision search share: bodies of bodies included."""
     import onnx.helper as oh
 
-    from pytest_ortdiff.model_io import has_subgraph, iter_graphs
+    from pytest_ortdiff.runtimes.model_io import has_subgraph, iter_graphs
 
     inner = oh.make_graph([oh.make_node("Identity", ["x"], ["y"])], "inner", [], [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
     nested_if = oh.make_node("If", ["c"], ["z"], then_branch=inner, else_branch=inner)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pytest_ortdiff import OrtRunner, TorchEvaluator, models
-from pytest_ortdiff.providers import unavailable_reason
+from pytest_ortdiff.numerics.tensors import to_numpy
 from pytest_ortdiff.runtimes.ort import (
     ProviderUnavailableError,
     UnsupportedByProviderError,
@@ -22,7 +22,7 @@ from pytest_ortdiff.runtimes.ort import (
     model_bytes,
 )
 from pytest_ortdiff.runtimes.protocol import Runtime
-from pytest_ortdiff.runtimes.tensors import to_numpy
+from pytest_ortdiff.runtimes.providers import unavailable_reason
 
 TP = onnx.TensorProto
 DIMS = {"a": 2, "b": 8, "c": 16}
@@ -538,7 +538,7 @@ def test_a_model_of_a_newer_ir_version_runs_when_it_uses_nothing_of_it_and_says_
 
 
 def test_a_model_that_needs_a_newer_ir_version_is_refused_in_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_ortdiff import model_io
+    from pytest_ortdiff.runtimes import model_io
     from pytest_ortdiff.runtimes.ort import IrVersionError
 
     # what a model with a FLOAT6E2M3 tensor needs, on any onnxruntime: one IR version past the newest
@@ -555,7 +555,7 @@ def test_a_model_that_needs_a_newer_ir_version_is_refused_in_one_line_naming_the
 
 
 def test_required_ir_version_names_what_sets_it() -> None:
-    from pytest_ortdiff.model_io import required_ir_version
+    from pytest_ortdiff.runtimes.model_io import required_ir_version
 
     assert required_ir_version(_ir_model(14)) == (8, "opset ai.onnx 18")
     model = _ir_model(14)

@@ -25,9 +25,14 @@ from real_models import MODELS, _torchlib_registry_built_once
 from torch import nn
 
 from pytest_ortdiff import Tolerance
-from pytest_ortdiff.check import UnsupportedByProvider
+from pytest_ortdiff.analyses.parity import (
+    ExportFailed,
+    ExportParityReport,
+    check_export,
+    module_scope,
+)
+from pytest_ortdiff.engine.check import UnsupportedByProvider
 from pytest_ortdiff.models.llama import LlamaDecoderLayer
-from pytest_ortdiff.parity import ExportFailed, ExportParityReport, check_export, module_scope
 
 HAS_ONNXSCRIPT = importlib.util.find_spec("onnxscript") is not None
 needs_onnxscript = pytest.mark.skipif(not HAS_ONNXSCRIPT, reason="torch.onnx.export(dynamo=True) needs onnxscript: pip install -e '.[export]'")

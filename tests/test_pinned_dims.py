@@ -18,9 +18,10 @@ import torch
 from hypothesis import given, settings
 from torch import nn
 
-from pytest_ortdiff import Checker, strategies
+from pytest_ortdiff import Checker
+from pytest_ortdiff.analyses import strategies
+from pytest_ortdiff.analyses.fuzz import fuzz
 from pytest_ortdiff.cli import main
-from pytest_ortdiff.fuzz import fuzz
 from pytest_ortdiff.models import layer_norm_matmul_add
 
 HIDDEN = 32
@@ -147,7 +148,7 @@ def test_fuzz_names_the_dims_onnxruntime_refused(torchscript: onnx.ModelProto, m
     # where the inference reads nothing (an op it does not know, say), a fixed dim drawn otherwise fails in
     # onnxruntime: the error says at which dims, and what to give
     monkeypatch.setattr(strategies, "pinned_dims", lambda model: strategies.PinnedDims())
-    from pytest_ortdiff.check import OrtRunError
+    from pytest_ortdiff.engine.check import OrtRunError
 
     with pytest.raises(OrtRunError) as info:
         fuzz(Checker("CPU", "float32"), torchscript, dims={"batch": 1, "seq": 2, "mask_seq": 2, "hidden": (16, 16)}, max_examples=3)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_ortdiff.providers import unavailable_reason
+from pytest_ortdiff.runtimes.providers import unavailable_reason
 
 
 def test_help_lists_the_ortdiff_options(pytester: pytest.Pytester) -> None:
@@ -149,7 +149,7 @@ def test_provider_asked_by_marker_only_is_skipped_with_reason(pytester: pytest.P
 
 
 def test_available_expands_to_what_onnxruntime_offers(pytester: pytest.Pytester) -> None:
-    from pytest_ortdiff.providers import available
+    from pytest_ortdiff.runtimes.providers import available
 
     pytester.makepyfile("def test_a(ort_provider):\n    pass\n")
     result = pytester.runpytest("--collect-only", "-q", "--ort-providers=available")
@@ -354,7 +354,7 @@ def test_evaluators_are_cached_per_kernel_overrides() -> None:
     import torch
 
     from pytest_ortdiff import models
-    from pytest_ortdiff.fixtures import OrtDiff
+    from pytest_ortdiff.plugin.fixtures import OrtDiff
 
     checker = OrtDiff("CPU", "float32")
     model = models.layer_norm_matmul_add(dtype="float32")
@@ -450,7 +450,7 @@ def test_integer_output_compares_exactly_in_check(pytester: pytest.Pytester) -> 
 
 def test_fuzz_validates_dims_and_regime_up_front() -> None:
     from pytest_ortdiff import models
-    from pytest_ortdiff.fixtures import OrtDiff
+    from pytest_ortdiff.plugin.fixtures import OrtDiff
 
     checker = OrtDiff("CPU", "float32")
     build = models.layer_norm_matmul_add
@@ -474,7 +474,7 @@ def test_fuzz_validates_dims_and_regime_up_front() -> None:
 
 def test_fuzz_accepts_a_list_of_regimes_and_builder_zero_lows() -> None:
     from pytest_ortdiff import models
-    from pytest_ortdiff.fixtures import OrtDiff
+    from pytest_ortdiff.plugin.fixtures import OrtDiff
 
     stats = OrtDiff("CPU", "float32").fuzz(models.layer_norm_matmul_add, dims={"c": (1, 16)}, regime=["normal", "uniform"], max_examples=5)
     assert stats["examples"] == 5
@@ -496,7 +496,7 @@ def test_fuzz_accepts_a_list_of_regimes_and_builder_zero_lows() -> None:
 @pytest.mark.parametrize("call", ["check", "run-ort", "run-torch"])
 def test_bad_feed_is_named_before_the_runtimes_see_it(value: object, message: str, call: str) -> None:
     from pytest_ortdiff import models
-    from pytest_ortdiff.fixtures import OrtDiff
+    from pytest_ortdiff.plugin.fixtures import OrtDiff
 
     checker = OrtDiff("CPU", "float32")
     model = models.layer_norm_matmul_add(dtype="float32")
@@ -515,7 +515,7 @@ def test_check_and_compare_take_an_atol_rtol_pair_like_compare() -> None:
     import torch
 
     from pytest_ortdiff import models
-    from pytest_ortdiff.fixtures import OrtDiff
+    from pytest_ortdiff.plugin.fixtures import OrtDiff
 
     checker = OrtDiff("CPU", "float32")
     model = models.layer_norm_matmul_add(dtype="float32")

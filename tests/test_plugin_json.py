@@ -311,7 +311,7 @@ def test_expected_check_failures_do_not_fail_merge_strict(pytester: pytest.Pytes
         import pytest
         import torch
         from pytest_ortdiff import models
-        from pytest_ortdiff.fixtures import OrtDiffFailure
+        from pytest_ortdiff.plugin.fixtures import OrtDiffFailure
 
         BROKEN = {("", "MatMul"): lambda x, w: torch.matmul(x, w) + 1.0}
 

@@ -18,7 +18,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from pytest_ortdiff import OrtRunner, models
-from pytest_ortdiff.precision import AuditReport, NodeAudit, audit
+from pytest_ortdiff.analyses.precision import AuditReport, NodeAudit, audit
 
 DIMS = {"batch": 4, "n": 64}
 SEEDS = (0, 1)
@@ -198,7 +198,7 @@ def test_the_reductions_count_what_numpy_counts_in_chunks_and_on_the_torch_path(
     """_Acc's counts and extremes against numpy on one tensor holding every case (NaN, ±inf, zeros,
     underflows, subnormals, overflows, mask values), transposed (not contiguous), reduced in chunks of 64,
     through the numpy path (CPU) and the torch path (what a CUDA tensor takes), which must agree."""
-    mod = importlib.import_module("pytest_ortdiff.precision.audit")
+    mod = importlib.import_module("pytest_ortdiff.analyses.precision.audit")
     rng = np.random.default_rng(0)
     values = np.concatenate([
         rng.normal(0, 1, 300), rng.normal(0, 1e-6, 100), rng.uniform(-1e-8, 1e-8, 100), np.zeros(50),
@@ -486,6 +486,7 @@ def test_bad_arguments_are_named() -> None:
 
 
 def test_the_package_is_lazy_and_audit_is_the_function() -> None:
+    # the public path (an alias of pytest_ortdiff.analyses.precision): the same module, as lazy
     import importlib
 
     import pytest_ortdiff.precision as precision

@@ -22,16 +22,16 @@ from onnx.reference import ReferenceEvaluator
 from t5_like import T5Like, export_t5_like, t5_feeds
 
 from pytest_ortdiff import TorchEvaluator, compare, models
-from pytest_ortdiff.precision import KeepReport, keep_float32
-from pytest_ortdiff.precision.keep import (
+from pytest_ortdiff.analyses.precision import KeepReport, keep_float32
+from pytest_ortdiff.analyses.precision.keep import (
     OP_TYPE_BLOCK_LIST,
     _float32_values,
     _Simulator,
     convert_half,
     range_flagged,
 )
+from pytest_ortdiff.numerics.tolerance import Tolerance
 from pytest_ortdiff.runtimes.ort import OrtRunner
-from pytest_ortdiff.tolerance import Tolerance
 
 #: small graphs: at most 1 % of elements off by more than 0.01, none by more than 0.1 (outputs about ±3)
 BUDGET = {1e-2: 0.01, 0.1: 0.0}

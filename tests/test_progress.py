@@ -67,7 +67,8 @@ def test_plugin_says_no_and_the_environment_forces(monkeypatch: pytest.MonkeyPat
 
 
 _BLAME_TEST = """
-from pytest_ortdiff import blame, models, progress
+from pytest_ortdiff import models, progress
+from pytest_ortdiff import blame
 
 progress.BLAME_MIN_NODES = 1  # a tiny graph, as if it were a large one
 
@@ -93,7 +94,7 @@ def test_blame_bar_reaches_the_terminal_past_capture(pytester: pytest.Pytester, 
 def test_long_fuzz_run_counts_its_examples(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fuzz run of 50 examples or more draws a bar counting them (forced here: output is not a terminal)."""
     from pytest_ortdiff import Checker, models
-    from pytest_ortdiff.fuzz import fuzz
+    from pytest_ortdiff.analyses.fuzz import fuzz
 
     out = _Tty()
     progress.configure(out, None)

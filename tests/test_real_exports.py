@@ -25,7 +25,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNot
 from real_models import MODELS, export, quantize
 
 from pytest_ortdiff import TorchEvaluator
-from pytest_ortdiff.runtimes.tensors import to_numpy
+from pytest_ortdiff.numerics.tensors import to_numpy
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 Runs = list[list[np.ndarray]]  # per input set, the outputs

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pytest_ortdiff import compare
-from pytest_ortdiff.diff import DiffReport
-from pytest_ortdiff.report import render_table, summary_line, worst_budget_line
+from pytest_ortdiff.numerics.diff import DiffReport
+from pytest_ortdiff.numerics.report import render_table, summary_line, worst_budget_line
 
 BAR = "█"
 
@@ -241,7 +241,7 @@ def test_summary_of_mismatches_only_and_of_several_outputs() -> None:
 
 def test_worst_line_says_where_the_report_stands_against_each_stated_rule() -> None:
     from pytest_ortdiff import Tolerance
-    from pytest_ortdiff.report import worst_line
+    from pytest_ortdiff.numerics.report import worst_line
 
     e = torch.tensor([1.0, 2.0, 4.0, 8.0])
     g = torch.tensor([1.0, 2.0, 4.5, 8.0])

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from pytest_ortdiff import models
-from pytest_ortdiff.reproducible import ReproducibilityReport, check_reproducible
+from pytest_ortdiff.engine.reproducible import ReproducibilityReport, check_reproducible
 from pytest_ortdiff.runtimes.ort import OrtRunner
 
 SEED_DIMS = {"a": 2, "b": 256, "c": 1152}
 
 
 def _cuda_usable() -> bool:
-    from pytest_ortdiff.providers import unavailable_reason
+    from pytest_ortdiff.runtimes.providers import unavailable_reason
 
     return unavailable_reason("CUDA") is None
 
@@ -238,7 +238,7 @@ def test_marker_dict_passes_arguments(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
         """
         import pytest
-        import pytest_ortdiff.reproducible as r
+        import pytest_ortdiff.engine.reproducible as r
 
         SEEN = []
 

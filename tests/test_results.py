@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ortdiff.formatting import g, pct, pct_frac, shortest, table
-from pytest_ortdiff.results import (
+from pytest_ortdiff.numerics.formatting import g, pct, pct_frac, shortest, table
+from pytest_ortdiff.numerics.results import (
     SCHEMA_VERSION,
     BaselineRow,
     CheckRow,

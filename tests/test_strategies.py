@@ -12,8 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_ortdiff import compare, models, strategies
-from pytest_ortdiff.fixtures import OrtDiff, OrtDiffFailure
+from pytest_ortdiff import compare, models
+from pytest_ortdiff.analyses import strategies
+from pytest_ortdiff.plugin.fixtures import OrtDiff, OrtDiffFailure
 
 
 def fake_attention(dtype="float32", hidden=8, heads=2):
@@ -187,7 +188,7 @@ def test_providers_and_dtypes_follow_the_command_line(pytester: pytest.Pytester)
     pytester.makepyfile(
         """
         from hypothesis import given, settings
-        from pytest_ortdiff import strategies
+        from pytest_ortdiff.analyses import strategies
 
         @settings(max_examples=20)
         @given(strategies.dtypes(), strategies.providers())
@@ -247,7 +248,7 @@ user_builder.build_dims = ("c",)  # type: ignore[attr-defined]
 def test_fuzz_reproduce_line_for_a_users_builder_is_runnable() -> None:
     """Issue 30: it read `models.build(dtype='float32')` (no such builder): the user's own builder is imported
     from the user's module, a model file loaded from its path, and the line runs as printed."""
-    from pytest_ortdiff.fuzz import _reproduce_line
+    from pytest_ortdiff.analyses.fuzz import _reproduce_line
 
     line = _reproduce_line("float32", user_builder, ("c",), {"a": 1, "b": 2, "c": 8}, "normal", 3)
     assert line == (

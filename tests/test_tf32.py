@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from pytest_ortdiff import Checker, OrtRunner, TorchEvaluator, models
-from pytest_ortdiff.check import CheckResult, Judgement
-from pytest_ortdiff.diff import compare
-from pytest_ortdiff.providers import (
+from pytest_ortdiff.engine.check import CheckResult, Judgement
+from pytest_ortdiff.numerics.diff import compare
+from pytest_ortdiff.numerics.tolerance import Tolerance
+from pytest_ortdiff.runtimes import tf32
+from pytest_ortdiff.runtimes.providers import (
     normalize_provider_options,
     options_in_force,
     parse_provider_options,
@@ -25,9 +27,7 @@ from pytest_ortdiff.providers import (
     tf32_in_play,
     tf32_line,
 )
-from pytest_ortdiff.runtimes import tf32
 from pytest_ortdiff.runtimes.tf32 import ieee_float32, precision_settings
-from pytest_ortdiff.tolerance import Tolerance
 
 # -- the evaluator's IEEE float32 ------------------------------------------------------------------------
 
@@ -250,7 +250,7 @@ def test_a_check_notes_an_ir_version_read_as_an_older_one() -> None:
 OPTIONS_TEST = """
 import pytest
 from pytest_ortdiff import models
-from pytest_ortdiff.providers import options_in_force
+from pytest_ortdiff.runtimes.providers import options_in_force
 
 @pytest.mark.ortdiff(providers=["CPU"], provider_options={"CPU": {"b": 5}, "CUDA": {"use_tf32": True}})
 def test_options(ortdiff):
@@ -296,7 +296,7 @@ def test_help_lists_the_provider_options(pytester: pytest.Pytester) -> None:
 
 def test_blame_rows_of_gemms_and_convolutions_say_tf32_when_it_was_in_play(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a GPU: CUDA, float32, use_tf32 not 0. Here the condition is granted on CPU to show what the table says."""
-    blame_module = importlib.import_module("pytest_ortdiff.blame")  # (the package's `blame` is the function)
+    blame_module = importlib.import_module("pytest_ortdiff.engine.blame")  # (the package's `blame` is the function)
     seen: list[tuple[str, str, dict[str, str]]] = []
 
     def in_play(provider: str, dtype: str, options: dict[str, str]) -> bool:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pytest_ortdiff import Tolerance, compare
-from pytest_ortdiff.diff import DEFAULT_THRESHOLDS
-from pytest_ortdiff.tolerance import Violation
+from pytest_ortdiff.numerics.diff import DEFAULT_THRESHOLDS
+from pytest_ortdiff.numerics.tolerance import Violation
 
 # -- resolution ------------------------------------------------------------------------------------
 
@@ -429,6 +429,6 @@ def test_allclose_line_shows_the_largest_finite_violation_beside_mismatches() ->
     old = report.to_dict()
     for key in ("outside_at", "expected_at_outside", "got_at_outside"):
         old[key] = None
-    from pytest_ortdiff.diff import DiffReport
+    from pytest_ortdiff.numerics.diff import DiffReport
 
     assert next(v for v in tol.check(DiffReport.from_dict(old)) if v.rule == "allclose").message.endswith("worst at (4): expected 100, got 100.9 (|diff| 0.9)")

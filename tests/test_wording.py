@@ -15,9 +15,9 @@ import onnx
 import pytest
 
 from pytest_ortdiff import models
-from pytest_ortdiff.htmlreport import render
-from pytest_ortdiff.matrix import job_labels
-from pytest_ortdiff.results import CheckRow, Environment, ResultsFile
+from pytest_ortdiff.numerics.results import CheckRow, Environment, ResultsFile
+from pytest_ortdiff.reports.htmlreport import render
+from pytest_ortdiff.reports.matrix import job_labels
 
 
 def _row(dtype: str) -> CheckRow:

@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 import torch
 
-from ..dtypes import DType, dtype_of
+from ..numerics.dtypes import DType, dtype_of
 from ..runtimes.ort import load_model
 
 __all__ = ["random_feeds", "set_feed_range", "transformer_feeds"]

@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 import torch
 
-from ..dtypes import dtype_of
+from ..numerics.dtypes import dtype_of
 from .feeds import set_feed_range
 from .mlp import GraphBuilder, OnnxTwin, dim, record_builder
 

@@ -11,7 +11,7 @@ import onnx
 import onnx.helper as oh
 import torch
 
-from ..dtypes import dtype_of
+from ..numerics.dtypes import dtype_of
 from .feeds import set_feed_range
 
 __all__ = ["LayerNormMatMulAdd", "layer_norm_matmul_add"]

@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 import torch
 
-from ..dtypes import DType, dtype_of
+from ..numerics.dtypes import DType, dtype_of
 from .feeds import set_feed_range
 from .mlp import GraphBuilder, OnnxTwin, check_positive, dim, linear_weight, record_builder, uniform
 

@@ -21,7 +21,7 @@ import onnx
 import onnx.helper as oh
 import torch
 
-from ..dtypes import DType, dtype_of
+from ..numerics.dtypes import DType, dtype_of
 from ..runtimes.ort import load_model
 from .feeds import set_feed_range
 
@@ -102,7 +102,7 @@ class OnnxTwin(torch.nn.Module):
             raise ValueError(f"{cls.__name__} is the twin of {cls.builder!r}, this model was built by {name!r}; use models.torch_twin(model)")
         accepted = inspect.signature(cls.__init__).parameters
         twin = cls(**{k: v for k, v in args.items() if k in accepted})
-        from ..runtimes.tensors import from_onnx_tensor
+        from ..numerics.tensors import from_onnx_tensor
 
         state = {init.name: from_onnx_tensor(init) for init in m.graph.initializer}
         twin.load_state_dict(state, strict=True)

@@ -18,8 +18,11 @@ from typing import Any, Literal, NamedTuple
 import onnx
 import torch
 
-from ..dtypes import DType, dtype_of
-from ..model_io import (
+from ..numerics.dtypes import DType, dtype_of
+from ..numerics.tensors import to_torch
+from . import kernels as _kernels  # registers every kernel family
+from .kernels.base import Kernel, KernelContext, UnsupportedVariantError, lookup
+from .model_io import (
     InvalidModelError,
     has_subgraph,
     in_topological_order,
@@ -27,10 +30,7 @@ from ..model_io import (
     load_model,
     model_shell,
 )
-from ..model_io import check_model as _check_model
-from . import kernels as _kernels  # registers every kernel family
-from .kernels.base import Kernel, KernelContext, UnsupportedVariantError, lookup
-from .tensors import to_torch
+from .model_io import check_model as _check_model
 from .tf32 import ieee_float32
 
 __all__ = ["EvaluatorContext", "KernelOverride", "MissingKernelError", "Subgraph", "TorchEvaluator"]

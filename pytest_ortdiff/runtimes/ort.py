@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import onnx
 import torch
 
-from ..dtypes import parse_dtype
-from ..model_io import (
+from ..numerics.dtypes import parse_dtype
+from ..numerics.tensors import to_numpy, to_torch
+from .model_io import (
     EXTERNAL_DATA_FOLDER,
     InputSpec,
     check_feeds,
@@ -27,7 +28,7 @@ from ..model_io import (
     session_input_specs,
     too_large,
 )
-from ..providers import (
+from .providers import (
     KNOWN,
     option_values,
     options_in_force,
@@ -35,8 +36,7 @@ from ..providers import (
     tf32_in_play,
     unavailable_reason,
 )
-from ..selection import ResidentGrowth, charge, trim_cache
-from .tensors import to_numpy, to_torch
+from .selection import ResidentGrowth, charge, trim_cache
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -98,7 +98,7 @@ def _external_data(data: bytes, what: str = "the model's bytes") -> list[tuple[s
         return []
     from onnx.external_data_helper import uses_external_data
 
-    from ..model_io import parse_model
+    from .model_io import parse_model
 
     proto = parse_model(data, what)  # not ONNX: one error naming it, never protobuf's DecodeError
     out = []
@@ -364,7 +364,7 @@ class OrtRunner:
         when the model uses nothing of the versions above; else one line naming the fix."""
         import onnxruntime
 
-        from ..model_io import parse_model, required_ir_version
+        from .model_io import parse_model, required_ir_version
 
         proto = parse_model(self.model_bytes)
         needed, why = required_ir_version(proto)
@@ -443,7 +443,7 @@ class OrtRunner:
         """onnxruntime reports an input declared without a shape as [], as it does a scalar: the model's own
         declaration tells them apart (read only for a model with such an input), and an input of any rank
         is not checked as a scalar."""
-        from ..model_io import parse_model
+        from .model_io import parse_model
 
         proto = self._proto
         if proto is None:

@@ -18,11 +18,11 @@ import onnx
 import onnx.helper as oh
 import torch
 
-from ..dtypes import dtype_of
+from ..numerics.dtypes import dtype_of
+from ..numerics.tensors import to_numpy
 from .kernels.base import Kernel, KernelContext
 from .kernels.quantization import FLOAT8_TYPES, SUB_BYTE_TYPES, storage, tag
 from .ort import OrtRunner, UnsupportedByProviderError
-from .tensors import to_numpy
 
 __all__ = ["CONSTANT_SENSITIVE", "OrtKernel"]
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import onnx
 import torch
 
-from ...dtypes import DType
-from ..tensors import from_onnx_tensor
+from ...numerics.dtypes import DType
+from ...numerics.tensors import from_onnx_tensor
 
 __all__ = ["REGISTRY", "Departure", "Kernel", "KernelContext", "UnsupportedVariantError", "kernel", "lookup"]
 

@@ -6,18 +6,36 @@ compute_dtype); the values of enclosing graphs it reads come after the node's ow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import onnx
 import torch
 
 from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
-if TYPE_CHECKING:
-    from ..evaluator import Subgraph
+__all__ = ["If", "Loop", "Scan", "Scan8", "Subgraph", "SubgraphKernel", "empty_stack"]
 
-__all__ = ["If", "Loop", "Scan", "Scan8", "SubgraphKernel", "empty_stack"]
+
+class Subgraph(Protocol):
+    """A graph attribute (a branch, a body) as the evaluator compiled it, as the kernels running it see it:
+    the evaluator's `Subgraph` is one. Declared here, below the evaluator, so that the kernels never import it."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    #: the declared type of each output (what a loop that runs no iteration makes its scan outputs of)
+    output_types: tuple[onnx.TypeProto, ...]
+    #: the values of enclosing graphs it reads: the kernel's extra inputs
+    outer_inputs: tuple[str, ...]
+
+    def scope(self, outer: Mapping[str, Any]) -> dict[str, Any]:
+        """What every run starts from: the outer values it reads and its initializers."""
+        ...
+
+    def run(self, args: Sequence[Any], scope: Mapping[str, Any], collect: dict[str, Any] | None = None) -> list[Any]:
+        """Its outputs for `args` bound to its inputs; every value computed goes into `collect` too (a dict)."""
+        ...
 
 
 class SubgraphKernel(Kernel):

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import torch
 
-from ...dtypes import DType
+from ...numerics.dtypes import DType
 from .base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
 __all__ = [

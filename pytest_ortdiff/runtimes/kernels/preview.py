@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
 import torch
 
 from .base import KernelContext, UnsupportedVariantError, kernel
-from .controlflow import SubgraphKernel
-
-if TYPE_CHECKING:
-    from ..evaluator import Subgraph
+from .controlflow import Subgraph, SubgraphKernel
 
 __all__ = ["FlexAttention"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import onnx
 import torch
@@ -570,6 +571,16 @@ class MultiHeadAttention(_MultiHeadBase):
 _INT_CACHE = {torch.int8: (-128, 127)}
 
 
+class _Tokens(NamedTuple):
+    """GroupQueryAttention's bookkeeping per batch entry: T, its tokens after the step (seqlens_k + 1); Q, its
+    valid query rows; P = T - Q, the tokens cached before; and total_sequence_length."""
+
+    totals: list[int]
+    valid: list[int]
+    starts: list[int]
+    total_len: int
+
+
 def _rms_norm_heads(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Per-head RMS normalization over the head channels (Qwen3's q_norm/k_norm), x [B, N, S, H]."""
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(x.dtype)
@@ -653,42 +664,12 @@ class GroupQueryAttention(Kernel):
         query_seqlens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, ...]:
         op = self.op_type
-        n, nk = self.num_heads, self.kv_num_heads
         dtype, wide, device = query.dtype, _wide(query), query.device
-        if query.dim() != 3:
-            raise ValueError(f"{op}: query must be (batch, seq, hidden), got {list(query.shape)}")
-        batch, q_len, width = query.shape
-        if key is None:
-            if value is not None:
-                raise ValueError(f"{op}: key and value are both given or both omitted (packed QKV)")
-            if width % (n + 2 * nk):
-                raise ValueError(f"{op}: packed QKV width {width} is not (num_heads + 2 * kv_num_heads) * head_size")
-            head = width // (n + 2 * nk)
-            q, k, v = query.split([n * head, nk * head, nk * head], dim=-1)
-        else:
-            if value is None:
-                raise ValueError(f"{op}: key and value are both given or both omitted (packed QKV)")
-            q, k, v = query, key, value
-            head = width // n
-            if k.shape[:2] != (batch, q_len) or v.shape != k.shape:
-                raise ValueError(f"{op}: key {list(k.shape)} and value {list(v.shape)} must be (batch, seq, kv_hidden) like the query's batch and seq")
-        qh, kh, vh = _bnsh(q.to(wide), n, "query"), _bnsh(k.to(wide), nk, "key"), _bnsh(v.to(wide), nk, "value")
-        if seqlens_k is None or total_sequence_length is None:
-            raise ValueError(f"{op}: seqlens_k and total_sequence_length are required")
-        totals = [t + 1 for t in _ints(seqlens_k, f"{op}: seqlens_k", batch)]
-        if query_seqlens is not None:
-            valid = _ints(query_seqlens, f"{op}: query_seqlens", batch)
-        else:
-            valid = [min(q_len, t) for t in totals]
-        starts = [t - c for t, c in zip(totals, valid, strict=True)]
-        for b in range(batch):
-            if not (0 <= valid[b] <= min(q_len, totals[b])):
-                raise ValueError(f"{op}: query_seqlens[{b}] = {valid[b]} must be in [0, min(sequence_length, seqlens_k + 1)] = [0, {min(q_len, totals[b])}]")
-        total_len = _int(total_sequence_length, f"{op}: total_sequence_length")
-
+        qh, kh, vh = self._heads(query, key, value, wide)
+        batch, q_len, head = query.shape[0], query.shape[1], qh.shape[-1]
+        tokens = self._tokens(seqlens_k, total_sequence_length, query_seqlens, batch, q_len)
         # the rows the new tokens are written to, and the positions the rows sit at
-        position = torch.tensor(starts, device=device).reshape(-1, 1) + torch.arange(q_len, device=device).reshape(1, -1)
-
+        position = torch.tensor(tokens.starts, device=device).reshape(-1, 1) + torch.arange(q_len, device=device).reshape(1, -1)
         if (q_norm_weight is None) != (k_norm_weight is None):
             raise ValueError(f"{op}: q_norm_weight and k_norm_weight are given together")
         if q_norm_weight is not None and k_norm_weight is not None:
@@ -705,7 +686,64 @@ class GroupQueryAttention(Kernel):
             kh = _rotate_bnsh(kh, cos, sin, self.interleaved)
         # what the node stores and reads back: Q as the I/O type holds it, K/V as the cache holds them
         qh = _rounded(qh, dtype)
+        cache_type = self._cache_type(past_key, dtype, k_scale, v_scale)
+        present_k, present_v = self._present(kh, vh, head, past_key, past_value, k_scale, v_scale, cache_type, tokens, wide, query_seqlens is not None)
+        allowed, bias, sink = self._mask(position, tokens.totals, present_k.shape[2], attention_bias, head_sink, wide)
+        out, scores, probs = _attend(qh, present_k, present_v, _scale(self.scale_attr, head), bias, softcap=self.softcap, sink=sink)
+        if query_seqlens is not None:
+            pad = torch.arange(q_len, device=device).reshape(1, 1, -1, 1) >= torch.tensor(tokens.valid, device=device).reshape(-1, 1, 1, 1)
+            out = out.masked_fill(pad, 0.0)
+        qk = None
+        if self.qk_output:
+            chosen = scores if self.qk_output == 1 else probs
+            qk = chosen.masked_fill(~allowed, 0.0).to(dtype)
+        return (
+            _bsd(out).to(dtype),
+            self._store(present_k, k_scale, cache_type),
+            self._store(present_v, v_scale, cache_type),
+            qk,
+        )
 
+    def _heads(self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None, wide: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K and V as [B, N, S, H] in the compute type, from the three inputs or the packed QKV query."""
+        op, n, nk = self.op_type, self.num_heads, self.kv_num_heads
+        if query.dim() != 3:
+            raise ValueError(f"{op}: query must be (batch, seq, hidden), got {list(query.shape)}")
+        batch, q_len, width = query.shape
+        if key is None:
+            if value is not None:
+                raise ValueError(f"{op}: key and value are both given or both omitted (packed QKV)")
+            if width % (n + 2 * nk):
+                raise ValueError(f"{op}: packed QKV width {width} is not (num_heads + 2 * kv_num_heads) * head_size")
+            head = width // (n + 2 * nk)
+            q, k, v = query.split([n * head, nk * head, nk * head], dim=-1)
+        else:
+            if value is None:
+                raise ValueError(f"{op}: key and value are both given or both omitted (packed QKV)")
+            q, k, v = query, key, value
+            if k.shape[:2] != (batch, q_len) or v.shape != k.shape:
+                raise ValueError(f"{op}: key {list(k.shape)} and value {list(v.shape)} must be (batch, seq, kv_hidden) like the query's batch and seq")
+        return _bnsh(q.to(wide), n, "query"), _bnsh(k.to(wide), nk, "key"), _bnsh(v.to(wide), nk, "value")
+
+    def _tokens(self, seqlens_k: torch.Tensor | None, total_sequence_length: torch.Tensor | None, query_seqlens: torch.Tensor | None, batch: int, q_len: int) -> _Tokens:
+        """Each batch entry's tokens after the step, valid query rows and cached tokens, and the total length."""
+        op = self.op_type
+        if seqlens_k is None or total_sequence_length is None:
+            raise ValueError(f"{op}: seqlens_k and total_sequence_length are required")
+        totals = [t + 1 for t in _ints(seqlens_k, f"{op}: seqlens_k", batch)]
+        if query_seqlens is not None:
+            valid = _ints(query_seqlens, f"{op}: query_seqlens", batch)
+        else:
+            valid = [min(q_len, t) for t in totals]
+        starts = [t - c for t, c in zip(totals, valid, strict=True)]
+        for b in range(batch):
+            if not (0 <= valid[b] <= min(q_len, totals[b])):
+                raise ValueError(f"{op}: query_seqlens[{b}] = {valid[b]} must be in [0, min(sequence_length, seqlens_k + 1)] = [0, {min(q_len, totals[b])}]")
+        return _Tokens(totals, valid, starts, _int(total_sequence_length, f"{op}: total_sequence_length"))
+
+    def _cache_type(self, past_key: torch.Tensor | None, dtype: torch.dtype, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> torch.dtype:
+        """The KV cache's element type (the past's, else the I/O type), with the scales a quantized one needs."""
+        op = self.op_type
         cache_type = past_key.dtype if past_key is not None else dtype
         quantized = not cache_type.is_floating_point or cache_type in (torch.float8_e4m3fn,)
         if quantized and (k_scale is None or v_scale is None or self.k_quant == "NONE" or self.v_quant == "NONE"):
@@ -714,7 +752,27 @@ class GroupQueryAttention(Kernel):
             raise ValueError(f"{op}: past_key is {cache_type}, the query {dtype}")
         if quantized and cache_type not in _INT_CACHE and cache_type != torch.float8_e4m3fn:
             raise UnsupportedVariantError(f"{op}: a {cache_type} KV cache is not supported (int8 and float8e4m3fn are)")
+        return cache_type
 
+    def _present(
+        self,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        head: int,
+        past_key: torch.Tensor | None,
+        past_value: torch.Tensor | None,
+        k_scale: torch.Tensor | None,
+        v_scale: torch.Tensor | None,
+        cache_type: torch.dtype,
+        tokens: _Tokens,
+        wide: torch.dtype,
+        valid_only: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """present_key/present_value in the compute type: each entry's cached rows, then its new ones (all of
+        them, or the valid ones with query_seqlens: `valid_only`) as the cache stores them, zeros beyond; keys of
+        the query's `head` size."""
+        op, nk = self.op_type, self.kv_num_heads
+        batch, q_len = kh.shape[0], kh.shape[2]
         buffer = 0
         past_k = past_v = None
         if past_key is not None and past_value is not None:
@@ -725,22 +783,30 @@ class GroupQueryAttention(Kernel):
             past_v = self._read(past_value, v_scale, wide)
         elif (past_key is None) != (past_value is None):
             raise ValueError(f"{op}: past_key and past_value are given together")
-        rows = max(buffer, total_len)
-        present_k = torch.zeros(batch, nk, rows, head, dtype=wide, device=device)
-        present_v = torch.zeros(batch, nk, rows, vh.shape[-1], dtype=wide, device=device)
+        rows = max(buffer, tokens.total_len)
+        present_k = torch.zeros(batch, nk, rows, head, dtype=wide, device=kh.device)
+        present_v = torch.zeros(batch, nk, rows, vh.shape[-1], dtype=wide, device=kh.device)
         new_k = self._store_read(kh, k_scale, cache_type, wide)
         new_v = self._store_read(vh, v_scale, cache_type, wide)
         for b in range(batch):
-            p = starts[b]
+            p = tokens.starts[b]
             if p > buffer:
                 raise ValueError(f"{op}: batch entry {b} has {p} cached tokens (seqlens_k + 1 - new), the past holds {buffer} rows")
             if p and past_k is not None and past_v is not None:
                 present_k[b, :, :p] = past_k[b, :, :p]
                 present_v[b, :, :p] = past_v[b, :, :p]
-            count = min(valid[b] if query_seqlens is not None else q_len, rows - p)
+            count = min(tokens.valid[b] if valid_only else q_len, rows - p)
             present_k[b, :, p : p + count] = new_k[b, :, :count]
             present_v[b, :, p : p + count] = new_v[b, :, :count]
+        return present_k, present_v
 
+    def _mask(
+        self, position: torch.Tensor, totals: list[int], rows: int, attention_bias: torch.Tensor | None, head_sink: torch.Tensor | None, wide: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Which keys each query row attends (causal, below T, in the window), the additive bias (-inf where it
+        does not, plus attention_bias), and the softmax's sink logit (head_sink, or 0 with smooth_softmax)."""
+        op, device = self.op_type, position.device
+        batch, q_len = position.shape
         j = torch.arange(rows, device=device).reshape(1, 1, 1, -1)
         limit = torch.tensor(totals, device=device).reshape(batch, 1, 1, 1)
         # a padding row (position >= T) attends as the entry's last token does
@@ -758,23 +824,10 @@ class GroupQueryAttention(Kernel):
             bias = bias + extra
         sink = None
         if head_sink is not None:
-            sink = head_sink.to(wide).reshape(1, n, 1, 1)
+            sink = head_sink.to(wide).reshape(1, self.num_heads, 1, 1)
         elif self.smooth:
             sink = torch.zeros((), dtype=wide, device=device)
-        out, scores, probs = _attend(qh, present_k, present_v, _scale(self.scale_attr, head), bias, softcap=self.softcap, sink=sink)
-        if query_seqlens is not None:
-            pad = torch.arange(q_len, device=device).reshape(1, 1, -1, 1) >= torch.tensor(valid, device=device).reshape(-1, 1, 1, 1)
-            out = out.masked_fill(pad, 0.0)
-        qk = None
-        if self.qk_output:
-            chosen = scores if self.qk_output == 1 else probs
-            qk = chosen.masked_fill(~allowed, 0.0).to(dtype)
-        return (
-            _bsd(out).to(dtype),
-            self._store(present_k, k_scale, cache_type),
-            self._store(present_v, v_scale, cache_type),
-            qk,
-        )
+        return allowed, bias, sink
 
     def _scale_of(self, scale: torch.Tensor | None, wide: torch.dtype) -> torch.Tensor:
         """k_scale/v_scale: [1] (PER_TENSOR) or [1, kv_num_heads, 1, head] (PER_CHANNEL), broadcast to the cache."""

@@ -8,7 +8,7 @@ import math
 import onnx
 import torch
 
-from ....dtypes import DType
+from ....numerics.dtypes import DType
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 
 __all__ = ['Attention', 'Attention25', 'LinearAttention', 'RotaryEmbedding', 'rotate']

@@ -11,7 +11,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 
-from ....dtypes import DType
+from ....numerics.dtypes import DType
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 from .attention import _EPSILON_DEFAULT, _float_type
 

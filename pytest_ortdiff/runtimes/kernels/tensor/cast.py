@@ -9,7 +9,7 @@ from __future__ import annotations
 import onnx
 import torch
 
-from ....dtypes import DType
+from ....numerics.dtypes import DType
 from ..base import Kernel, KernelContext, UnsupportedVariantError, kernel
 from ..quantization import (
     FLOAT8_TYPES,
