@@ -214,8 +214,9 @@ def provider_options_in_force(options: ProviderOptions) -> Iterator[None]:
             _IN_FORCE.update(saved)
 
 
-#: ops onnxruntime's CUDA provider runs through cuBLAS GEMMs, which `use_tf32` (default 1) lets round float32
-#: inputs to TF32's 10 mantissa bits; convolutions go through cuDNN, whose TF32 use is its own choice
+#: ops onnxruntime's CUDA provider may compute in TF32 (10 mantissa bits) for float32 while `use_tf32` is 1 (its
+#: default): the cuBLAS GEMMs, and the cuDNN convolutions, to which onnxruntime applies the option too (its PRs
+#: #19357 and #19426); a user saw `use_tf32=0` change nothing for a MatMul (#23792): benchmarks/gpu_check.sh measures
 TF32_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Einsum", "Attention", "MultiHeadAttention", "Conv", "ConvTranspose", "FusedConv"})
 
 
