@@ -148,3 +148,27 @@ def test_the_flags_of_a_shell_block_are_found(text: str, flags: list[tuple[str, 
     monkeypatch.setattr(sys.modules[__name__], "PAGES", [])
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert [(sub, flag) for _, sub, flag in ortdiff_flags()] == flags
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "16"])
+def test_the_readme_demo_runs_green_on_any_thread_count(threads: str) -> None:
+    """The README's first command, its pytest part as written (in a fresh interpreter, from the checkout's
+    root): the CPU cases pass and print their reports, whatever onnxruntime's and torch's thread counts
+    (the demo went red on a 16-core machine when its budget was one machine's); the CUDA cases, where CUDA
+    is absent, are skipped and named."""
+    import os
+
+    demo = [body for info, body in fences(README.read_text(encoding="utf-8")) if language(info) == "bash"][0]
+    argv = shlex.split(demo.rsplit("&&", 1)[1].strip())
+    assert argv[:3] == ["python", "-m", "pytest"] and "--ortdiff-reports" in argv, argv
+    proc = subprocess.run(
+        [sys.executable, *argv[1:], "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "ORTDIFF_THREADS": threads},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "[CPU-float32] (passed" in out and "[CPU-float16] (passed" in out, out[-3000:]
+    from pytest_ortdiff.runtimes.providers import available
+
+    last = out.strip().splitlines()[-1]
+    assert re.search(rf"\b{2 * len(available())} passed\b", last) and "failed" not in last, last
