@@ -158,7 +158,7 @@ def test_the_readme_demo_runs_green_on_any_thread_count(threads: str) -> None:
     is absent, are skipped and named."""
     import os
 
-    demo = [body for info, body in fences(README.read_text(encoding="utf-8")) if language(info) == "bash"][0]
+    demo = next(body for info, body in fences(README.read_text(encoding="utf-8")) if language(info) == "bash")
     argv = shlex.split(demo.rsplit("&&", 1)[1].strip())
     assert argv[:3] == ["python", "-m", "pytest"] and "--ortdiff-reports" in argv, argv
     proc = subprocess.run(
