@@ -478,7 +478,7 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
     ef = e.reshape(-1)
     gf = g.reshape(-1)
     if path == "triton" and ef.numel():
-        done = _triton_pass(ef.contiguous(), gf.contiguous(), dt, thr, tol)
+        done = _triton_or_none(ef.contiguous(), gf.contiguous(), dt, thr, tol, asked=route.path == "triton")
         if done is not None:
             return done.report(name, tuple(e.shape), ef, gf)
         path = "torch"  # a NaN/Inf (or an overflowed difference) somewhere: judged apart, as the torch path does
@@ -497,15 +497,32 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _own_path(e: torch.Tensor) -> DiffPath:
-    """numpy on CPU; on CUDA one fused Triton pass where Triton is importable, torch otherwise."""
+    """numpy on CPU; on CUDA one fused Triton pass where Triton is importable (and has not failed here), torch otherwise."""
     if e.device.type == "cpu":
         return "numpy"
     if e.device.type == "cuda" and e.dtype in _TRITON_DTYPES:
         from . import diff_triton
 
-        if diff_triton.available():
+        if diff_triton.usable():
             return "triton"
     return "torch"
+
+
+def _triton_or_none(ef: torch.Tensor, gf: torch.Tensor, dt: DType, thr: tuple[float, ...], tol: tuple[float, float] | None, *, asked: bool) -> _Stats | None:
+    """`_triton_pass`, or None when the torch path is to decide: a special pair, or a Triton that cannot compile
+    or launch here (given up for the process, the reason in `diff_triton.failure()`). Asked for by name
+    (`path="triton"`, the tests holding the paths to each other), its error is raised, not hidden."""
+    from . import diff_triton
+
+    try:
+        return _triton_pass(ef, gf, dt, thr, tol)
+    except torch.OutOfMemoryError:
+        raise  # (no Triton problem: the torch path needs more memory still)
+    except Exception as exc:
+        if asked:
+            raise
+        diff_triton.give_up(exc)
+        return None
 
 
 def _triton_pass(ef: torch.Tensor, gf: torch.Tensor, dt: DType, thr: tuple[float, ...], tol: tuple[float, float] | None) -> _Stats | None:
