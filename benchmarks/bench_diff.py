@@ -21,7 +21,7 @@ the one CUDA tensors take): in a fresh process per case, the kernel's peak-RSS m
 inputs exist, and its rise during one compare is reported, in bytes per element and as a multiple of
 the two inputs' size (goal for the torch path: <= ~2x). Linux only (/proc/self/clear_refs).
 
-    python benchmarks/bench_diff.py [--quick] [--repeat N] [--large] [--memory]
+    python benchmarks/bench_diff.py [--quick] [--repeat N] [--large] [--memory] [--gpu-only]
 
 Ratios, not milliseconds, are what to compare between machines; no test asserts on them.
 """
@@ -236,6 +236,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--large", action="store_true", help="also a 37.7M-element float16 pair")
     ap.add_argument("--memory", action="store_true", help="peak extra memory of each path instead of time")
+    ap.add_argument("--gpu-only", action="store_true", help="only the GPU figures (benchmarks/gpu_check.sh: its minutes are the GPU's)")
     ap.add_argument("--elements", type=int, default=8 << 20, help="elements per tensor for --memory")
     # one case of --memory, in its own process; a CHUNK (elements, 0: the path's own) calibrates _TORCH_SCRATCH
     ap.add_argument("--memory-child", nargs=4, metavar=("DTYPE", "PATH", "N", "CHUNK"), help=argparse.SUPPRESS)
@@ -248,6 +249,11 @@ def main() -> None:
         memory(args.elements)
         return
     repeat = args.repeat or (3 if args.quick else 7)
+    if args.gpu_only:
+        if not torch.cuda.is_available():
+            raise SystemExit("--gpu-only: torch sees no CUDA device here")
+        gpu_figures(repeat)
+        return
     print(f"torch {torch.__version__}, numpy {np.__version__}, torch threads {torch.get_num_threads()}, best of {repeat} (synthetic: median)")
 
     def ms(x: float) -> str:

@@ -103,7 +103,7 @@ step switches-override 45 env NVIDIA_TF32_OVERRIDE=0 "$PY" benchmarks/gpu_check.
 step exports 120 "$PY" benchmarks/gpu_check.py --part exports
 step blame 90 "$PY" benchmarks/gpu_check.py --part blame
 step analyses 90 "$PY" benchmarks/gpu_check.py --part analyses
-step bench-diff 90 "$PY" benchmarks/bench_diff.py --quick
+step bench-diff 90 "$PY" benchmarks/bench_diff.py --quick --gpu-only
 step bench-evaluator 90 "$PY" benchmarks/bench_evaluator.py --quick --only gpu
 step examples $(($(left) / 3)) "$PY" -m pytest -q -p no:cacheprovider -n 4 -rs examples --ort-providers=CPU,CUDA \
     --ort-dtypes=float32,float16 --hypothesis-profile=ortdiff-ci
