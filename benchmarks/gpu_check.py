@@ -1,6 +1,6 @@
 """The checks of issue 27 that only a GPU can make, in one run, each part writing its figures under $OUT.
 
-    python benchmarks/gpu_check.py --part exports|tf32|blame|switches     (gpu_check.sh runs them all)
+    python benchmarks/gpu_check.py --part exports|tf32|blame|switches|kernels|analyses     (gpu_check.sh runs them all)
 
 - exports: every module of tests/real_models.py, both exporters, float32 and float16: the torch evaluator on
   CUDA against onnxruntime CUDA with use_tf32=0 and with its default (use_tf32=1), and onnxruntime CPU, each
@@ -13,6 +13,10 @@
   onnxruntime CUDA with use_tf32=1 and 0, against the float64 result, in ULPs at the output's scale; run it
   again with NVIDIA_TF32_OVERRIDE=0 in the environment (process-wide) to see what that changes.
   -> $OUT/switches[-override].tsv
+- kernels: ONNX's node test suite through the torch evaluator on CUDA, and the contrib cases against onnxruntime
+  CUDA: every case whose status on CUDA is not the CPU's, with why. -> $OUT/kernels.txt
+- analyses: parity, align, the precision audit and keep_float32, the torch.compile backend and check_reproducible,
+  each once on CUDA, an error written with its traceback. -> $OUT/analyses.txt
 - blame: blame on a real export (the Llama decoder layer written with the opset-23 fused ops, and the
   ConvNeXt block) on CUDA float32 and float16, default options: its table (rows for MatMul/Gemm/Conv
   should say TF32). -> $OUT/blame.txt
@@ -25,6 +29,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -167,7 +172,124 @@ def part_blame() -> None:
     (OUT / "blame.txt").write_text("\n\n".join(out) + "\n")
 
 
-PARTS = {"exports": part_exports, "tf32": part_tf32, "switches": part_switches, "blame": part_blame}
+def _to_cpu(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def part_kernels() -> None:
+    """Every case of ONNX's node test suite through the torch evaluator on CUDA (its outputs brought back to the
+    host for the suite's comparison), against the same cases on CPU; then every contrib case against onnxruntime's
+    CUDA provider (use_tf32=0), against its status on CPU. What the device watch cannot see on CPU shows here: a
+    torch op without a CUDA kernel for a dtype, a tensor a kernel made on the CPU at build time, a host-only API.
+    Lists every case whose status on CUDA is not its status on CPU, with why. -> $OUT/kernels.txt"""
+    from pytest_ortdiff import conformance
+    from pytest_ortdiff.conformance import contrib_cases
+    from pytest_ortdiff.runtimes import evaluator
+    from pytest_ortdiff.runtimes.providers import provider_options_in_force
+
+    lines: list[str] = []
+
+    def flush(line: str = "") -> None:
+        lines.append(line)
+        print(line, flush=True)
+        (OUT / "kernels.txt").write_text("\n".join(lines) + "\n")
+
+    plain = evaluator.TorchEvaluator
+
+    class OnCuda(plain):  # type: ignore[misc,valid-type]
+        def __init__(self, model: object, **kwargs: object) -> None:
+            kwargs.setdefault("device", "cuda")
+            super().__init__(model, **kwargs)
+
+        def run(self, *args: object, **kwargs: object) -> object:
+            return _to_cpu(super().run(*args, **kwargs))
+
+    cases = conformance.load_cases()
+    t0 = time.perf_counter()
+    on_cpu = {r.name: r for r in conformance.run_cases(cases)}
+    t1 = time.perf_counter()
+    evaluator.TorchEvaluator = OnCuda  # (run_case looks it up at each call)
+    try:
+        on_cuda = {r.name: r for r in conformance.run_cases(cases)}
+    finally:
+        evaluator.TorchEvaluator = plain
+    t2 = time.perf_counter()
+    differ = [n for n in on_cpu if on_cuda[n].status != on_cpu[n].status]
+    flush(f"ONNX node suite: {len(on_cpu)} cases; CPU {t1 - t0:.1f} s, CUDA {t2 - t1:.1f} s; {len(differ)} with another status on CUDA")
+    for status in conformance.STATUSES:
+        flush(f"  {status:<12} CPU {sum(r.status == status for r in on_cpu.values()):5d}   CUDA {sum(r.status == status for r in on_cuda.values()):5d}")
+    for n in differ:
+        flush(f"{n} [{on_cuda[n].op}]: CPU {on_cpu[n].status}, CUDA {on_cuda[n].status}: {on_cuda[n].detail[:400]}")
+
+    flush()
+    t0 = time.perf_counter()
+    contrib = contrib_cases.all_cases()
+    with provider_options_in_force({"CUDA": {"use_tf32": "0"}}):
+        pairs = [(contrib_cases.run_case(c, "CPU"), contrib_cases.run_case(c, "CUDA")) for c in contrib]
+    flush(f"contrib cases: {len(pairs)}, {time.perf_counter() - t0:.1f} s; ours on CUDA against onnxruntime CUDA (use_tf32=0)")
+    for status in contrib_cases.STATUSES:
+        flush(f"  {status:<15} CPU {sum(a.status == status for a, _ in pairs):5d}   CUDA {sum(b.status == status for _, b in pairs):5d}")
+    absent = sorted({b.op for a, b in pairs if b.status == "no onnxruntime" != a.status})
+    if absent:  # (onnxruntime's CUDA provider lacks many CPU-only contrib kernels: nothing to compare with there)
+        flush(f"no onnxruntime CUDA kernel to compare with (CPU had one): {', '.join(absent)}")
+    for a, b in pairs:
+        if b.status != a.status and b.status != "no onnxruntime":
+            flush(f"{b.name} [{b.op}, {b.dtype}]: CPU {a.status}, CUDA {b.status}: {b.detail[:400]}")
+
+
+def part_analyses() -> None:
+    """The analyses built on the Checker, each once on CUDA on a small model, each guarded (an error is written
+    with its traceback and the next one runs): parity (module vs its export), align, the precision audit and
+    keep_float32, the torch.compile backend, check_reproducible. -> $OUT/analyses.txt"""
+    import onnx
+
+    from pytest_ortdiff import models
+    from pytest_ortdiff.analyses import align, dynamo, parity, precision
+    from pytest_ortdiff.engine.reproducible import check_reproducible
+    from pytest_ortdiff.runtimes.providers import provider_options_in_force
+
+    out: list[str] = []
+    model32 = models.layer_norm_matmul_add(dtype="float32")
+    feeds32 = models.random_feeds(model32, dims={"a": 2, "b": 16, "c": 32}, seed=0, device="cuda")
+
+    def mlp() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    optimized = onnx.ModelProto()
+    optimized.CopyFrom(model32)
+
+    def run(label: str, fn: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        try:
+            result = fn()
+            text = result.render() if hasattr(result, "render") else str(result)
+            out.append(f"== {label}: ok, {time.perf_counter() - t0:.1f} s\n{text}")
+        except Exception:
+            out.append(f"== {label}: ERROR after {time.perf_counter() - t0:.1f} s\n{traceback.format_exc()}")
+        print(out[-1], flush=True)
+        (OUT / "analyses.txt").write_text("\n\n".join(out) + "\n")
+
+    with provider_options_in_force({"CUDA": {"use_tf32": "0"}}):
+        run("parity.check_export (dynamo, float16, CUDA)", lambda: parity.check_export(mlp(), (x,), exporter="dynamo", provider="CUDA", dtype="float16"))
+        run("parity.check_export (torchscript, float32, CUDA)", lambda: parity.check_export(mlp(), (x,), exporter="torchscript", provider="CUDA"))
+        run("align.compare_executions (level all vs none, CUDA)", lambda: align.compare_executions(
+            model32, optimized, feeds32, provider="CUDA", session_options_b={"graph_optimization_level": "all"}))
+        run("align.compare_executions (runtime torch, CUDA)", lambda: align.compare_executions(model32, optimized, feeds32, provider="CUDA", runtime="torch"))
+        run("precision.audit (float16, cuda)", lambda: precision.audit(model32, feeds32, dtype="float16", device="cuda"))
+        run("precision.keep_float32 (float16, CUDA)", lambda: precision.keep_float32(model32, feeds32, dtype="float16", provider="CUDA", max_runs=8))
+        run("dynamo.check_compile (CUDA)", lambda: dynamo.check_compile(mlp(), (x,), provider="CUDA"))
+        run("check_reproducible (CUDA, torch deterministic too)", lambda: check_reproducible(model32, feeds32, provider="CUDA", runs=3))
+
+
+PARTS = {
+    "exports": part_exports, "tf32": part_tf32, "switches": part_switches, "blame": part_blame,
+    "kernels": part_kernels, "analyses": part_analyses,
+}
 
 
 def main() -> None:

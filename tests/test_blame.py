@@ -1036,3 +1036,30 @@ def test_graph_notes_in_a_full_temporary_directory_cost_the_notes_only(monkeypat
 
     monkeypatch.setattr(tempfile, "mkdtemp", full)
     assert ort_graph_notes(models.fp16_hazards("softmax")) == []
+
+
+def test_blames_threads_take_the_callers_cuda_device_with_its_context_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """blame's helper and swap threads run torch on CUDA too: a new thread has no CUDA context current, and its
+    first cuBLAS call would warn (an error under filterwarnings=error). Each thread binds the caller's device
+    first (here CUDA is stood in for: what the threads call is recorded)."""
+    import threading
+
+    from pytest_ortdiff.engine import blame as blame_module
+
+    seen: list[tuple[str, object]] = []
+
+    class Stream:
+        def query(self) -> bool:
+            seen.append(("query", threading.current_thread().name))
+            return True
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.append(("set_device", d)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: Stream())
+    with blame_module._started_pool(2, "ortdiff-test") as pool:
+        threads = set(pool.map(lambda _: (threading.current_thread().name, torch.get_num_threads()), range(8)))
+    assert [s for s in seen if s[0] == "set_device"] == [("set_device", 1)] * 2
+    queried = [name for kind, name in seen if kind == "query"]
+    assert len(set(queried)) == 2 and all(str(name).startswith("ortdiff-test") for name in queried)
+    assert {n for _, n in threads} == {torch.get_num_threads()}

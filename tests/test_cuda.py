@@ -125,10 +125,11 @@ def test_compare_on_cuda_gives_the_cpu_numbers(dtype: torch.dtype) -> None:
         assert on_gpu.mean_abs == pytest.approx(on_cpu.mean_abs, rel=1e-6)
     finite = torch.isfinite(e) & torch.isfinite(g) & (e.abs() < 1e38) & (g.abs() < 1e38)
     e2, g2 = e[finite], g[finite]  # (no special pair: the fused pass keeps it to the end)
-    on_cpu = compare(e2, g2, thresholds=thresholds, tolerance=(1e-2, 1e-2))
-    on_gpu = diff._compare(e2.cuda(), g2.cuda(), thresholds=thresholds, tolerance=(1e-2, 1e-2))
-    assert _fields(on_gpu) == _fields(on_cpu)
-    assert on_gpu.mean_abs == pytest.approx(on_cpu.mean_abs, rel=1e-6)
+    finite_cpu = compare(e2, g2, thresholds=thresholds, tolerance=(1e-2, 1e-2))
+    finite_gpu = diff._compare(e2.cuda(), g2.cuda(), thresholds=thresholds, tolerance=(1e-2, 1e-2))
+    assert _fields(finite_gpu) == _fields(finite_cpu)
+    assert finite_gpu.mean_abs == pytest.approx(finite_cpu.mean_abs, rel=1e-6)
+    assert finite_cpu.max_abs > 0 and finite_cpu.counts[1e-3] > 0
     assert (on_cpu.nan_mismatch, on_cpu.inf_mismatch) == (1, 1)
     assert on_cpu.counts[math.inf] == 0
     assert on_cpu.n == e.numel()
@@ -163,6 +164,8 @@ def test_the_fused_pass_is_the_default_on_cuda_where_triton_is_importable() -> N
     from pytest_ortdiff.numerics import diff_triton
 
     e = torch.linspace(-1, 1, 10_000, device="cuda")
+    compare(e, e + 1e-3)  # (compiled and launched here: a Triton that cannot would give the pass up, saying why)
+    assert diff_triton.failure() is None, f"the fused pass was given up: {diff_triton.failure()}"
     expected_path = "triton" if diff_triton.available() else "torch"
     assert diff._own_path(e) == expected_path
     assert diff._own_path(e.double()) == "torch"
@@ -184,7 +187,7 @@ def test_the_evaluator_computes_ieee_float32_on_cuda_whatever_torch_allows() -> 
                 [oh.make_node("MatMul", ["a", "b"], ["m"]), oh.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])],
                 "g",
                 [oh.make_tensor_value_info(n, TP.FLOAT, s) for n, s in (("a", [64, 512]), ("b", [512, 64]), ("x", [1, 32, 16, 16]), ("w", [32, 32, 3, 3]))],
-                [oh.make_tensor_value_info("m", TP.FLOAT, None), oh.make_tensor_value_info("c", TP.FLOAT, None)],
+                [oh.make_tensor_value_info("m", TP.FLOAT, [64, 64]), oh.make_tensor_value_info("c", TP.FLOAT, [1, 32, 16, 16])],
             ),
             opset_imports=[oh.make_opsetid("", 18)],
             ir_version=9,
@@ -202,7 +205,65 @@ def test_the_evaluator_computes_ieee_float32_on_cuda_whatever_torch_allows() -> 
         tf32._restore(saved)
 
 
+@needs_cuda
+def test_integer_products_run_on_cuda() -> None:
+    """cuBLAS has no integer GEMM (torch: "addmm_cuda" not implemented for 'Long'): the integer MatMul, Gemm and
+    Einsum kernels multiply on the host and hand the product back on the inputs' device."""
+    TP = onnx.TensorProto
+    model = oh.make_model(
+        oh.make_graph(
+            [
+                oh.make_node("MatMul", ["a", "b"], ["m"]),
+                oh.make_node("Gemm", ["a", "b", "c"], ["g"], alpha=2.0, transB=0),
+                oh.make_node("Einsum", ["a", "b"], ["e"], equation="ij,jk->ik"),
+                oh.make_node("MatMul", ["i", "j"], ["mi"]),
+            ],
+            "g",
+            [oh.make_tensor_value_info(n, t, s) for n, t, s in (("a", TP.INT64, [3, 4]), ("b", TP.INT64, [4, 5]), ("c", TP.INT64, [5]), ("i", TP.INT32, [2, 3, 4]), ("j", TP.INT32, [4, 2]))],
+            [oh.make_tensor_value_info(n, t, s) for n, t, s in (("m", TP.INT64, [3, 5]), ("g", TP.INT64, [3, 5]), ("e", TP.INT64, [3, 5]), ("mi", TP.INT32, [2, 3, 2]))],
+        ),
+        opset_imports=[oh.make_opsetid("", 18)],
+        ir_version=9,
+    )
+    gen = torch.Generator().manual_seed(0)
+    feeds = {"a": torch.randint(-9, 9, (3, 4), generator=gen), "b": torch.randint(-9, 9, (4, 5), generator=gen), "c": torch.randint(-9, 9, (5,), generator=gen),
+             "i": torch.randint(-9, 9, (2, 3, 4), generator=gen, dtype=torch.int32), "j": torch.randint(-9, 9, (4, 2), generator=gen, dtype=torch.int32)}
+    on_gpu = TorchEvaluator(model, device="cuda").run(None, feeds)
+    on_cpu = TorchEvaluator(model).run(None, feeds)
+    for g, c in zip(on_gpu, on_cpu, strict=True):
+        assert g.device.type == "cuda" and g.dtype == c.dtype
+        assert torch.equal(g.cpu(), c)
+    assert torch.equal(on_cpu[0], feeds["a"] @ feeds["b"])
+
+
 # -- onnxruntime's CUDA provider ---------------------------------------------------------------------------
+
+
+@needs_cuda
+@needs_ort_cuda
+def test_ort_cuda_waits_for_torchs_writes_to_its_inputs() -> None:
+    """onnxruntime's CUDA stream waits for no other stream, and torch's kernels are queued: an input torch is
+    still writing when onnxruntime starts would be read half-written. The runner synchronizes first."""
+    TP = onnx.TensorProto
+    model = oh.make_model(
+        oh.make_graph(
+            [oh.make_node("Add", ["x", "one"], ["y"])],
+            "g",
+            [oh.make_tensor_value_info("x", TP.FLOAT, ["n"])],
+            [oh.make_tensor_value_info("y", TP.FLOAT, ["n"])],
+            [oh.make_tensor("one", TP.FLOAT, [], [1.0])],
+        ),
+        opset_imports=[oh.make_opsetid("", 18)],
+        ir_version=9,
+    )
+    runner = OrtRunner(model, provider="CUDA")
+    runner.run(None, {"x": torch.zeros(8, device="cuda")})  # (the session and its stream exist before the timing)
+    for _ in range(3):
+        x = torch.zeros(1 << 22, device="cuda")
+        torch.cuda._sleep(20_000_000)  # ~10 ms of the GPU on torch's stream: the write below waits behind it
+        x.fill_(2.0)
+        (y,) = runner.run(None, {"x": x})
+        assert torch.equal(y, torch.full_like(x, 3.0))
 
 
 @needs_cuda

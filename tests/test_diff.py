@@ -1030,3 +1030,14 @@ def test_floored_ratios_that_underflow_the_work_dtype_are_decided_in_float64(kin
     t = float(to_tensor(g, kind)[1].double())
     assert r.rel_floor is not None and r.max_rel_floored == t / r.rel_floor > 0
     assert_same_numbers(reports["torch-chunks"], r)
+
+
+def test_masks_are_counted_in_pieces_off_the_cpu() -> None:
+    """On CUDA torch.count_nonzero sums the mask cast to int64 (8 bytes an element: twice a float32 chunk's d,
+    what took the torch path past twice its inputs on a GPU); there the torch path counts in pieces. The pieces
+    add up to the count whatever the length."""
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 15, 16, 17, 1000, (1 << 16) + 3):
+        mask = torch.rand(n, generator=gen) < 0.3
+        assert diff._count_in_pieces(mask) == int(torch.count_nonzero(mask)) == diff._count(mask)
+    assert diff._count_in_pieces(torch.zeros(0, dtype=torch.bool)) == 0

@@ -117,3 +117,87 @@ def test_the_default_thresholds_on_a_block_sized_pair_match_the_reference() -> N
     e, g = (x.numpy() for x in _pair(torch.float32, diff_triton.BLOCK))
     assert_matches(_triton(torch.from_numpy(e), torch.from_numpy(g)), reference(e, g, "float32", DEFAULT_THRESHOLDS, None), e.shape)
     assert np.isfinite(e).all()
+
+
+# -- what only a compiler shows, and a Triton that cannot compile --------------------------------------
+
+
+# Compiled for sm_90 in a process of its own: one that imported Triton with TRITON_INTERPRET=1 (this one, on a
+# machine without CUDA) holds Triton's own library functions as interpreted ones, which no compile can call.
+_COMPILE_FOR_SM90 = """
+import json, sys
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from pytest_ortdiff.numerics import diff_triton
+
+
+class Sm90:  # Triton's CUDA driver as far as warmup asks: an H100/H200 target, nothing to launch on
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+
+
+class Compile:  # kernel[grid](...) compiles (warmup) with the arguments and options given, and keeps the result
+    def __init__(self, fn, out): self.fn, self.out = fn, out
+    def __getitem__(self, grid): return lambda *args, **meta: self.out.append(self.fn.warmup(*args, grid=grid, **meta))
+
+
+driver.set_active(Sm90())
+compiled = []
+squares, stats = diff_triton._make_kernels()
+diff_triton._kernels = lambda interpret: (Compile(squares, compiled), Compile(stats, compiled))
+for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    e = torch.linspace(-3, 3, 3000).to(dtype)
+    diff_triton.sum_of_squares(e)  # (outputs never written: compiled, not run)
+    diff_triton.stats_pass(e, e.clone(), [0.0, 1e-3, 1.0], 1.0, (1e-2, 1e-2), torch.finfo(dtype).tiny)
+json.dump([{"name": k.name, "num_warps": k.metadata.num_warps, "ptx": k.asm["ptx"]} for k in compiled], sys.stdout)
+"""
+
+
+def test_the_compiled_kernels_take_their_launch_options_and_round_as_numpy_on_sm90() -> None:
+    """The interpreter runs the kernels in numpy; on a GPU they are compiled, and there two things could differ
+    that no CPU run of them shows: an option Triton's CUDA backend does not know fails the launch (KeyError),
+    and the PTX decides the rounding. Compiled here for sm_90 (LLVM and the ptxas Triton ships run on the CPU)
+    with the arguments and options diff_triton launches them with: the divisions are IEEE (div.rn.f64),
+    atol + rtol*|e| is a multiply then an add (no fused multiply-add, as numpy's allclose), and nothing flushes
+    subnormals to zero (no .ftz: the float32 subnormals the CPU path keeps)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = json.loads(done.stdout)
+    assert [k["name"] for k in compiled] == ["squares", "stats"] * 3
+    for k in compiled:
+        assert k["num_warps"] == diff_triton.LAUNCH_OPTIONS["num_warps"]
+        assert ".ftz" not in k["ptx"], k["name"]
+        assert "fma.rn" not in k["ptx"] and "mad.rn" not in k["ptx"], k["name"]
+        assert "mul.rn.f64" in k["ptx"] and "add.rn.f64" in k["ptx"], k["name"]
+    for k in compiled[1::2]:
+        assert "div.rn.f64" in k["ptx"] and "div.full" not in k["ptx"] and "div.approx" not in k["ptx"]
+
+
+def test_a_triton_that_cannot_compile_leaves_the_torch_path_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare() on CUDA takes the fused pass by default; where Triton imports but cannot compile or launch (no C
+    compiler for its launcher, no libcuda it finds), the pass is given up for the process and the torch path
+    gives the numbers, the reason kept in `diff_triton.failure()`. Asked for by name, the error is raised."""
+
+    def broken(interpret: bool) -> None:
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.\nmore")
+
+    monkeypatch.setattr(diff_triton, "_FAILURE", [])
+    monkeypatch.setattr(diff_triton, "_kernels", broken)
+    # (CPU tensors route as CUDA ones do: the fused pass while it is usable)
+    monkeypatch.setattr(diff, "_own_path", lambda e: "triton" if diff_triton.usable() else "torch")
+    e, g = _pair(torch.float16, 5000)
+    with pytest.raises(RuntimeError, match="C compiler"):
+        diff._compare(e, g, path="triton")
+    assert diff_triton.failure() is None and diff_triton.usable()
+    report = diff._compare(e, g, tolerance=(1e-2, 1e-2))
+    assert_same_numbers(report, diff._compare(e, g, tolerance=(1e-2, 1e-2), path="numpy"))
+    assert diff_triton.failure() == "RuntimeError: Failed to find C compiler. Please specify via CC environment variable."
+    assert not diff_triton.usable()

@@ -557,3 +557,16 @@ def test_gpu_cases_share_one_xdist_group(pytester: pytest.Pytester) -> None:
     items, _ = pytester.inline_genitems("--ort-providers=CPU,CUDA", "--ort-skip-unavailable", "-p", "no:xdist")
     groups = {item.name: [m.args for m in item.iter_markers("xdist_group")] for item in items}
     assert groups == {"test_a[CPU-float32]": [], "test_a[CUDA-float32]": [("ortdiff-gpu",)]}
+
+
+def test_the_summary_says_when_compare_gave_the_fused_cuda_pass_up(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Triton that cannot compile or launch on the GPU leaves compare() on the torch path: the same numbers,
+    slower. The run says so once, with Triton's reason."""
+    from pytest_ortdiff.numerics import diff_triton
+
+    pytester.makepyfile("def test_a(ortdiff):\n    pass\n")
+    assert "could not run here" not in pytester.runpytest().stdout.str()
+    monkeypatch.setattr(diff_triton, "_FAILURE", ["RuntimeError: Failed to find C compiler."])
+    result = pytester.runpytest()
+    result.stdout.fnmatch_lines(["ortdiff: compare() on CUDA took the torch path (the same numbers, slower): Triton's fused pass could not run here: RuntimeError: Failed to find C compiler."])
+    result.assert_outcomes(passed=1)

@@ -1661,12 +1661,24 @@ def _started_pool(workers: int, prefix: str) -> ThreadPoolExecutor:
     until the new thread holds the GIL; with a job already building protos or running the evaluator's Python
     (which hand the GIL on only every switch interval), each start took 5-30 ms, a quarter of a small
     graph's blame. Each thread runs torch with the calling thread's torch thread count."""
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix, initializer=_thread_setup, initargs=(torch.get_num_threads(), device))
     gate = threading.Event()
     for _ in range(workers):  # (none idle while the gate is shut: each of these starts a thread)
         pool.submit(gate.wait)
     gate.set()
     return pool
+
+
+def _thread_setup(threads: int, device: int | None) -> None:
+    """A pool thread runs torch with `threads` threads, and on `device` (the caller's CUDA device, when CUDA is
+    in use) with its context current: a new thread has none, and its first cuBLAS call would warn ("Attempting to
+    run cuBLAS, but there was no current CUDA context!"), an error under filterwarnings=error. Any CUDA runtime
+    call makes the device's primary context current; a stream query waits for nothing."""
+    torch.set_num_threads(threads)
+    if device is not None:
+        torch.cuda.set_device(device)
+        torch.cuda.current_stream(device).query()
 
 
 def _helper_threads() -> int:

@@ -478,7 +478,7 @@ def _compare_tensors(e: torch.Tensor, g: torch.Tensor, name: str, thr: tuple[flo
     ef = e.reshape(-1)
     gf = g.reshape(-1)
     if path == "triton" and ef.numel():
-        done = _triton_pass(ef.contiguous(), gf.contiguous(), dt, thr, tol)
+        done = _triton_or_none(ef.contiguous(), gf.contiguous(), dt, thr, tol, asked=route.path == "triton")
         if done is not None:
             return done.report(name, tuple(e.shape), ef, gf)
         path = "torch"  # a NaN/Inf (or an overflowed difference) somewhere: judged apart, as the torch path does
@@ -497,15 +497,32 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _own_path(e: torch.Tensor) -> DiffPath:
-    """numpy on CPU; on CUDA one fused Triton pass where Triton is importable, torch otherwise."""
+    """numpy on CPU; on CUDA one fused Triton pass where Triton is importable (and has not failed here), torch otherwise."""
     if e.device.type == "cpu":
         return "numpy"
     if e.device.type == "cuda" and e.dtype in _TRITON_DTYPES:
         from . import diff_triton
 
-        if diff_triton.available():
+        if diff_triton.usable():
             return "triton"
     return "torch"
+
+
+def _triton_or_none(ef: torch.Tensor, gf: torch.Tensor, dt: DType, thr: tuple[float, ...], tol: tuple[float, float] | None, *, asked: bool) -> _Stats | None:
+    """`_triton_pass`, or None when the torch path is to decide: a special pair, or a Triton that cannot compile
+    or launch here (given up for the process, the reason in `diff_triton.failure()`). Asked for by name
+    (`path="triton"`, the tests holding the paths to each other), its error is raised, not hidden."""
+    from . import diff_triton
+
+    try:
+        return _triton_pass(ef, gf, dt, thr, tol)
+    except torch.OutOfMemoryError:
+        raise  # (no Triton problem: the torch path needs more memory still)
+    except Exception as exc:
+        if asked:
+            raise
+        diff_triton.give_up(exc)
+        return None
 
 
 def _triton_pass(ef: torch.Tensor, gf: torch.Tensor, dt: DType, thr: tuple[float, ...], tol: tuple[float, float] | None) -> _Stats | None:
@@ -1449,7 +1466,7 @@ def _indices(mask: torch.Tensor, parts: int = 8) -> Iterator[torch.Tensor]:
     is computed on them stays a fraction of the chunk's scratch)."""
     k = mask.numel()
     piece = max(1, -(-k // parts))
-    count = int(torch.count_nonzero(mask))  # (a bool sum would cast the mask to int64 first)
+    count = _count(mask)
     if count == 0:
         return
     if count <= piece:
@@ -1459,6 +1476,20 @@ def _indices(mask: torch.Tensor, parts: int = 8) -> Iterator[torch.Tensor]:
         idx = mask[lo : lo + piece].nonzero().squeeze(1)
         if idx.numel():
             yield idx.add_(lo)
+
+
+def _count(mask: torch.Tensor) -> int:
+    """The True elements of a 1-D bool mask. On CPU torch.count_nonzero counts in place (a bool sum would cast
+    the mask to int64 first); on CUDA count_nonzero is that sum, 8 bytes of scratch per element, twice a float32
+    chunk's d: there the mask is counted in 16 pieces, the counts added on the device and read once."""
+    if mask.device.type == "cpu" or mask.numel() <= _TORCH_CHUNK_MIN:
+        return int(torch.count_nonzero(mask))
+    return _count_in_pieces(mask)
+
+
+def _count_in_pieces(mask: torch.Tensor, parts: int = 16) -> int:
+    pieces = mask.split(max(1, -(-mask.numel() // parts)))
+    return int(sum((torch.count_nonzero(p) for p in pieces), torch.zeros((), dtype=torch.int64, device=mask.device)))
 
 
 def _torch_rel_exact(d: torch.Tensor, ec: torch.Tensor, mask: torch.Tensor, tiny: float) -> float:
@@ -1511,10 +1542,10 @@ def _torch_outside(d: torch.Tensor, ec: torch.Tensor, st: _Stats) -> int:
     b = _abs(ec, st.work)
     if st.work == torch.float64:
         b.mul_(rtol).add_(atol)
-        return int(torch.count_nonzero(d > b))
+        return _count(d > b)
     atol_work = float(st.atol_work)  # d > atol_work <=> d > atol
     if rtol == 0:  # atol + 0*|e| == atol (a NaN/Inf e is a special pair, d = 0 here)
-        return int(torch.count_nonzero(d > atol_work))
+        return _count(d > atol_work)
     if max(atol, rtol) >= 2.0**127:  # beyond float32 bounds: every d > atol is a candidate
         return _torch_outside_exact(d, ec, d > atol_work, atol, rtol)
     # bounds of atol + rtol*|e| in float32 with a 2**-16 relative margin (>> the float32 rounding of the
@@ -1527,7 +1558,7 @@ def _torch_outside(d: torch.Tensor, ec: torch.Tensor, st: _Stats) -> int:
         return _torch_outside_exact(d, ec, candidates, atol, rtol)
     b.mul_(float(_round_up(rtol * (1 + 2.0**-16)))).add_(float(_round_up(atol * (1 + 2.0**-16))))
     out = d > b
-    n_out = int(torch.count_nonzero(out))
+    n_out = _count(out)
     b.copy_(ec).abs_()
     b.mul_(float(_round_down(rtol * (1 - 2.0**-16), np.float32))).add_(float(_round_down(atol * (1 - 2.0**-16), np.float32)))
     candidates = d > b

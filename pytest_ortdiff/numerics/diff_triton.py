@@ -7,18 +7,21 @@ device; a first pass sums the expected squares for the floor F. Every number is 
 |e - g| in float32 and every comparison with it as there; the ratios in float64 (exact, so their maxima
 too); the allclose bound atol + rtol*|e| in float64 without fused multiply-adds, as numpy's. A tensor with a
 NaN or Inf anywhere (or a difference that overflows) takes the torch path, which judges those pairs apart.
+A Triton that cannot compile or launch here (no C compiler for its launcher, no libcuda it can find, a
+ptxas error) gives the pass up for the process: compare() takes the torch path, and `failure()` says why.
 With TRITON_INTERPRET=1 the same kernels run on CPU tensors (the project's tests check them against numpy).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Any
 
 import torch
 
-__all__ = ["available", "stats_pass"]
+__all__ = ["available", "failure", "give_up", "stats_pass", "usable"]
 
 BLOCK = 2048
 # (integer type of the bit patterns, mask of their magnitude, mantissa bits) per input dtype
@@ -36,9 +39,34 @@ def available() -> bool:
     return True
 
 
+# why the fused pass was given up in this process (the first error of a compile or launch), or None
+_FAILURE: list[str] = []
+
+
+def failure() -> str | None:
+    """Why compare() stopped taking the fused pass in this process (None: it has not)."""
+    return _FAILURE[0] if _FAILURE else None
+
+
+def give_up(exc: BaseException) -> None:
+    """The pass failed to compile or launch: compare() takes the torch path from now on, the reason kept."""
+    if not _FAILURE:
+        text = str(exc).strip().splitlines()
+        _FAILURE.append(f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": "))
+
+
+def usable() -> bool:
+    """Triton importable here and the pass not given up (compare()'s default for CUDA tensors)."""
+    return available() and not _FAILURE
+
+
 @functools.lru_cache(maxsize=2)
 def _kernels(interpret: bool) -> tuple[Any, Any]:
     """The two kernels, made on first use (in the interpreter when TRITON_INTERPRET=1 was set by then)."""
+    return _make_kernels()
+
+
+def _make_kernels() -> tuple[Any, Any]:
     import triton
     import triton.language as tl
 
@@ -123,14 +151,23 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+#: the compiled launches' options: fused multiply-adds would round atol + rtol*|e| once instead of twice
+#: (numpy's allclose: twice), so the kernels are compiled without them (ptx `mul.rn.f64` + `add.rn.f64`, and
+#: ptxas --fmad=false); tests/test_diff_triton.py compiles them for sm_90 and reads the PTX
+LAUNCH_OPTIONS: dict[str, Any] = {"num_warps": 8, "enable_fp_fusion": False}
+
+
 def _launch(kernel: Any, grid: tuple[int], *args: Any, **meta: Any) -> None:
     if _interpreting():
         import numpy as np
 
         with np.errstate(all="ignore"):  # (numpy runs the interpreted kernel: overflow to inf is IEEE, as on a GPU)
             kernel[grid](*args, **meta)
-    else:  # fused multiply-adds would round atol + rtol*|e| once instead of twice (numpy's allclose: twice)
-        kernel[grid](*args, **meta, num_warps=8, enable_fp_fusion=False)
+        return
+    device = args[0].device
+    # Triton launches on the current device: a tensor of another GPU would be read through the wrong context
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        kernel[grid](*args, **meta, **LAUNCH_OPTIONS)
 
 
 def sum_of_squares(e: torch.Tensor) -> float:

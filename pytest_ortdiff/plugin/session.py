@@ -202,6 +202,10 @@ class RunResults:
                 if row.report is not None:
                     tr.write_line(DiffReport.from_dict(dict(row.report)).render())
                 tr.write_line("")
+        fused = sys.modules.get("pytest_ortdiff.numerics.diff_triton")  # (imported by a compare on CUDA only)
+        if fused is not None and fused.failure():
+            for line in _wrapped(f"ortdiff: compare() on CUDA took the torch path (the same numbers, slower): Triton's fused pass could not run here: {fused.failure()}", width):
+                tr.write_line(line, yellow=True)
         for message, failed in ((self.json_message, self.json_failed), (self.html_message, self.html_failed)):
             if message:
                 tr.write_line(message, red=failed)

@@ -5,6 +5,7 @@ Values cross through IO binding and DLPack, so CUDA outputs stay on the GPU and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import threading
@@ -459,22 +460,32 @@ class OrtRunner:
         return self._output_dtypes
 
     def _run_bound(self, sess: Any, names: list[str], feeds: Mapping[str, Any]) -> list[torch.Tensor]:
-        binding = sess.io_binding()
-        keep = []
-        dev = "cuda" if self.device.type == "cuda" else "cpu"
-        index = self.device.index or 0
-        for name, value in feeds.items():
-            t = to_torch(value).detach()  # (DLPack refuses a tensor that requires grad)
-            if self.device.type == "cuda" and t.device.type != "cuda":
-                t = t.to(self.device)
-            t = t.contiguous()
-            keep.append(t)
-            binding.bind_ortvalue_input(name, _ortvalue(t, dev, index))
-        for name in names:
-            binding.bind_output(name, dev, index)
-        sess.run_with_iobinding(binding)
-        declared = self.output_dtypes
-        return [self._to_torch(o, declared.get(n)) for n, o in zip(names, binding.get_outputs(), strict=True)]
+        cuda = self.device.type == "cuda"
+        # (torch exports through DLPack only a tensor of the current device: the runner's, for a device_id > 0)
+        with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
+            binding = sess.io_binding()
+            keep = []  # the inputs, alive until the run is done (the OrtValues share their memory)
+            dev = "cuda" if cuda else "cpu"
+            index = self.device.index or 0
+            for name, value in feeds.items():
+                t = to_torch(value).detach()  # (DLPack refuses a tensor that requires grad)
+                if cuda and t.device != self.device:
+                    t = t.to(self.device)
+                t = t.contiguous()
+                keep.append(t)
+                binding.bind_ortvalue_input(name, _ortvalue(t, dev, index))
+            for name in names:
+                binding.bind_output(name, dev, index)
+            if cuda:
+                # onnxruntime's CUDA provider runs on a stream of its own that waits for no other (created
+                # non-blocking) and its IO binding does not synchronize inputs: torch's queued writes of the inputs
+                # (and its queued reads of earlier outputs, whose memory onnxruntime's arena may hand out again)
+                # must be done first. Its run synchronizes its own stream before returning, so the outputs are
+                # complete when torch reads them.
+                torch.cuda.synchronize(self.device)
+            sess.run_with_iobinding(binding)
+            declared = self.output_dtypes
+            return [self._to_torch(o, declared.get(n)) for n, o in zip(names, binding.get_outputs(), strict=True)]
 
     def _to_torch(self, value: Any, declared: torch.dtype | None = None) -> torch.Tensor:
         # zero copy where this onnxruntime's OrtValue speaks DLPack; a host round trip otherwise

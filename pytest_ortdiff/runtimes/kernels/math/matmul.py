@@ -23,15 +23,39 @@ __all__ = ['Einsum', 'Gemm', 'MatMul', 'MatMulInteger', 'QLinearMatMul', 'QLinea
 _EINSUM_WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
+# torch multiplies integer matrices on the CPU only: cuBLAS has no integer GEMM ("addmm_cuda" / "bmm_cuda" not
+# implemented for 'Long', pytorch#44428). Integer operands on another device are multiplied on the host, with the
+# CPU's exact wrap-around arithmetic, and the product goes back to their device (integer products are index and
+# shape arithmetic, small next to the float ones).
+def _on_host(a: torch.Tensor) -> bool:
+    return a.device.type != "cpu" and not a.is_floating_point()
+
+
+def _host(fn: Callable[..., torch.Tensor], *operands: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    return fn(*(x.cpu() for x in operands), **kwargs).to(operands[0].device)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _host(torch.matmul, a, b) if _on_host(a) else torch.matmul(a, b)
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _host(torch.mm, a, b) if _on_host(a) else torch.mm(a, b)
+
+
+def _addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    return _host(torch.addmm, c, a, b, **kwargs) if _on_host(a) else torch.addmm(c, a, b, **kwargs)
+
+
 @kernel("MatMul", since=1)
 class MatMul(Kernel):
     """torch.matmul has numpy's rules: 1-D operands are promoted then squeezed, batch dims broadcast."""
 
     def run(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (torch.matmul(a, b),)
+        return (_matmul(a, b),)
 
     def direct(self, static: dict[int, Any]) -> Callable[..., torch.Tensor] | None:
-        return None if static else torch.matmul
+        return None if static else _matmul
 
 
 @kernel("Gemm", since=7)
@@ -54,14 +78,14 @@ class Gemm(Kernel):
             return None
         fixed = set(static)
         if len(self.node.input) < 3 or not self.node.input[2] or self.beta == 0.0:
-            return torch.mm if fixed <= {2} else None
+            return _mm if fixed <= {2} else None
         if self.beta != 1.0:
             return None
         if fixed == {2}:
-            return partial(torch.addmm, static[2])
+            return partial(_addmm, static[2])
         if fixed == {1, 2}:
             c, w = static[2], static[1]
-            return lambda a: torch.addmm(c, a, w)
+            return lambda a: _addmm(c, a, w)
         return None
 
     def run(
@@ -83,9 +107,9 @@ class Gemm(Kernel):
         if self.int_scalars:
             alpha, beta = int(self.alpha), int(self.beta)
             if c is None or beta == 0:
-                y = torch.mm(a, b)
+                y = _mm(a, b)
                 return y if alpha == 1 else y.mul_(alpha)
-            return torch.addmm(c, a, b, beta=beta, alpha=alpha)
+            return _addmm(c, a, b, beta=beta, alpha=alpha)
         # Fractional scalars: compute in float64 and truncate back, as onnx.reference's astype does.
         y = torch.mm(a.double(), b.double()) * self.alpha
         if c is not None and self.beta != 0.0:
@@ -118,6 +142,8 @@ class Einsum(Kernel):
             )
         dtype = operands[0].dtype
         wide = _EINSUM_WIDER.get(dtype, dtype if dtype.is_floating_point else torch.int64)
+        if _on_host(operands[0]):  # (integer contractions: bmm, which CUDA lacks for integers)
+            return (_host(partial(torch.einsum, self.equation), *(x.to(wide) for x in operands)).to(dtype),)
         if wide == dtype:
             return (torch.einsum(self.equation, *operands),)
         return (torch.einsum(self.equation, *(x.to(wide) for x in operands)).to(dtype),)

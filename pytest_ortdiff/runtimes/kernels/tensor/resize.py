@@ -554,7 +554,7 @@ class AffineGrid(Kernel):
         for s in spatial:
             if self.align:
                 step = torch.arange(s, dtype=torch.float64, device=theta.device)
-                v = step * (2.0 / (s - 1)) - 1 if s > 1 else torch.full((1,), -1.0, dtype=torch.float64)
+                v = step * (2.0 / (s - 1)) - 1 if s > 1 else torch.full((1,), -1.0, dtype=torch.float64, device=theta.device)
             else:
                 v = (torch.arange(s, dtype=torch.float64, device=theta.device) * 2 + 1) / s - 1
             lines.append(v.to(wide).to(theta.device))
