@@ -6,6 +6,7 @@ onnxruntime and onnx are imported: --help and a bad argument answer at once."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -335,6 +336,8 @@ def _tolerance(args: argparse.Namespace) -> Any:
     given = {k: getattr(args, k, None) for k in ("atol", "rtol", "max_ulp")}
     budget = getattr(args, "budget", None)
     for key, value in given.items():
+        if value is not None and not value >= 0:  # (NaN too; inf allowed: no bound)
+            raise _CompareError(f"--{key.replace('_', '-')} {_num(value)}: expected a number >= 0")
         if value is not None:
             try:
                 Tolerance(**{key: value})
@@ -432,7 +435,8 @@ def _notes(args: argparse.Namespace, m: _Model) -> str:
     """"; feeds from F: x; input ranges: ids=[0, 2); with onnxruntime: Op": what the first line adds."""
     notes = ""
     if m.converted_from:
-        notes += f"; converted from {m.converted_from} by onnxruntime's float16 converter, every node"
+        how = "" if m.dtype == "float16" else f" (its float16 retyped to {m.dtype}, weights rounded from the {m.converted_from} ones)"
+        notes += f"; converted from {m.converted_from} by onnxruntime's float16 converter{how}, every node"
     if m.given:
         notes += f"; feeds from {args.feeds}: {', '.join(m.given)}"
     if m.ranges:
@@ -464,7 +468,7 @@ def _engine_error(exc: BaseException, m: _Model) -> _CompareError | None:
     from .runtimes.evaluator import MissingKernelError
 
     if isinstance(exc, UnsupportedByProvider):  # a (provider, dtype, op) onnxruntime does not implement
-        return _CompareError(exc.reason)
+        return _CompareError(f"{exc.reason}, so there is nothing to compare the torch evaluator with: use a provider that has it (e.g. --provider CUDA) or another --dtype")
     if isinstance(exc, MissingKernelError):
         return _CompareError(_missing_kernel_message(exc))
     hint = _drawn_hint(m.proto, m.specs, m.given, m.ranges)
@@ -581,7 +585,7 @@ def _diff(args: argparse.Namespace) -> int:
     from .engine.check import Checker
     from .numerics.diff import DEFAULT_THRESHOLDS, compare
     from .numerics.tolerance import Tolerance
-    from .runtimes.model_io import input_specs
+    from .runtimes.model_io import check_feeds, compute_dtype, input_specs
 
     _unavailable(args.provider)
     a = _open_model(args, args.original)
@@ -597,12 +601,27 @@ def _diff(args: argparse.Namespace) -> int:
     runner = Checker(args.provider, a.dtype)
     feeds_a = a.feeds(args.seed, runner.device)
     feeds_b = _cast_feeds({n if by_name else bn: feeds_a[n] for n, bn in zip(a_names, b_specs, strict=True)}, b.proto)
+    try:
+        check_feeds(b_specs, feeds_b)
+    except (TypeError, ValueError) as exc:  # (the same function takes the same inputs: these two do not)
+        raise _CompareError(
+            f"{args.deployed} does not take the inputs drawn for {args.original}: {exc}; diff runs two models of one function on the same "
+            "feeds (check that DEPLOYED was made from ORIGINAL, and its --dim values)"
+        ) from None
     out_a = _engine(lambda: runner.run_ort(a.checked, feeds_a), a)
     out_b = _engine(lambda: Checker(args.provider, b.dtype).run_ort(b.checked, feeds_b), b)
     pairs = _output_pairs(args, a.proto, b.proto)
+    # a float16 model behind float32 inputs and outputs (the converter's keep_io_types=True) computes in float16:
+    # judged as float16, as check_deployment judges it
+    compute = compute_dtype(b.proto)
     expected, got, compared = {}, {}, []
     for (ia, na), (ib, nb) in pairs:
-        ea, gb, as_dtype = _comparable(out_a[ia], out_b[ib])
+        ea, gb, as_dtype = _comparable(out_a[ia], out_b[ib], floor=compute)
+        if ea.shape != gb.shape:
+            raise _CompareError(
+                f"output {na!r} of {args.original} is {list(ea.shape)} and {nb!r} of {args.deployed} is {list(gb.shape)} on the same feeds: "
+                "not one function's outputs"
+            )
         expected[na], got[na] = ea, gb
         compared.append({"original": na, "deployed": nb, "compared_as": as_dtype})
     dtypes = list(dict.fromkeys(c["compared_as"] for c in compared))
@@ -631,16 +650,23 @@ def _diff(args: argparse.Namespace) -> int:
             "outputs": compared,
             "report": report.to_dict(),
             "alignment": alignment.to_dict() if alignment is not None else {"error": why_not},
+            "compute_dtype": compute,
         }
         print(json.dumps(data, indent=1))
         return 1 if violations else 0
+    why = f" (the deployed model's compute dtype: it computes in {compute} behind its outputs' dtype)" if compute in dtypes else ""
     lines = [
         f"{args.original} -> {args.deployed}: onnxruntime {args.provider}, the same feeds (dims {a.dims}, seed {args.seed}{_notes(args, a)}), "
-        f"outputs compared as {', '.join(dtypes)}" + ("" if by_name else " (inputs and outputs matched by position)")
+        f"outputs compared as {', '.join(dtypes)}{why}" + ("" if by_name else " (inputs and outputs matched by position)")
     ]
     if violations:
         lines.append(f"outputs moved beyond the tolerance ({shown.describe()}):")
         lines += [f"  - {v}" for v in violations]
+        if args.tolerance is None:
+            lines.append(
+                f"  (that is {dtypes[0]}'s default tolerance; a deployment step such as quantization moves outputs by design: "
+                "give the one it is allowed, e.g. --atol 0.01 --rtol 0.01 or --budget 0.01:0.001)"
+            )
     else:
         lines.append(f"outputs within the tolerance ({shown.describe()})")
     lines.append(report.render())
@@ -664,10 +690,11 @@ def _output_pairs(args: argparse.Namespace, a: Any, b: Any) -> list[tuple[tuple[
     )
 
 
-def _comparable(a: Any, b: Any) -> tuple[Any, Any, str]:
+def _comparable(a: Any, b: Any, floor: str | None = None) -> tuple[Any, Any, str]:
     """Two outputs in one dtype: the narrower floating one when both are floating (float32 against a float16
-    deployment: the original rounded to float16, its ULPs the deployment's), the floating one when one is,
-    int64 when neither is."""
+    deployment: the original rounded to float16, its ULPs the deployment's), and `floor` (the deployed model's
+    compute dtype) when that is narrower still, finite values beyond its range saturated as the converter
+    stores them; the floating one when one is, int64 when neither is."""
     import torch
 
     from .numerics.dtypes import dtype_of
@@ -675,6 +702,10 @@ def _comparable(a: Any, b: Any) -> tuple[Any, Any, str]:
     fa, fb = a.is_floating_point(), b.is_floating_point()
     if fa and fb:
         target = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
+        if floor is not None and dtype_of(floor).torch.itemsize < target.itemsize:
+            target = dtype_of(floor).torch
+            top = float(torch.finfo(target).max)
+            a, b = (torch.where(torch.isfinite(x), x.clamp(-top, top), x) for x in (a, b))
     elif fa or fb:
         target = a.dtype if fa else b.dtype
     else:
@@ -1108,8 +1139,20 @@ def _model_arguments(p: argparse.ArgumentParser, *, kernels: bool = True, missin
     )
 
 
-def _dtype_argument(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help=what)
+def _dtype_argument(p: argparse.ArgumentParser, what: str, choices: Sequence[str] = ("float32", "float16", "bfloat16"), default: str | None = None) -> None:
+    aliases = {"float32": "fp32", "float16": "fp16, half", "bfloat16": "bf16"}
+    p.add_argument("--dtype", type=_dtype_name, choices=choices, default=default, help=f"{what} ({', '.join(aliases[c] for c in choices)} name them too)")
+
+
+def _dtype_name(text: str) -> str:
+    """A dtype's canonical name from the names pytest's --ort-dtypes takes too (fp16, half, bf16, fp32); the
+    text as given when it names none (argparse's choices then list the valid ones)."""
+    from .numerics.dtypes import parse_dtype
+
+    try:
+        return parse_dtype(text).short
+    except ValueError:
+        return text
 
 
 def _tolerance_arguments(p: argparse.ArgumentParser, default: str = "(default: the dtype's atol/rtol; any flag given replaces them all)") -> None:
@@ -1125,6 +1168,21 @@ def _tolerance_arguments(p: argparse.ArgumentParser, default: str = "(default: t
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (`python -m pytest_ortdiff`, `pytest-ortdiff`): its exit status."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`... | head`): the rest of the output goes nowhere, quietly, as for any Unix tool
+        import os
+
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # (a stdout without a file descriptor)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE: what a shell reports for a tool the closed pipe stopped
+    return status
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m pytest_ortdiff", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1205,7 +1263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(pytest_ortdiff.precision). Exit status: 0 for a verified list, 1 when none meets the tolerance, 2 for a bad model or argument.",
     )
     p.add_argument("model", metavar="MODEL.onnx")
-    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    _dtype_argument(p, "the half-precision dtype to audit for and convert to (default float16)", choices=("float16", "bfloat16"), default="float16")
     _model_arguments(p, kernels=False)
     p.add_argument("--samples", type=int, default=4, help="inputs to audit and search on, drawn with seeds SEED, SEED+1, ... (default 4)")
     _tolerance_arguments(p, "(default: the dtype's atol/rtol)")
@@ -1233,8 +1291,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = argv[argv.index("demo") + 1 :]
         args.pytest_args = rest[1:] if rest[:1] == ["--"] else rest
     elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        # the command's own usage, and the flag meant when one is near (`--dims` -> `--dim`)
+        command = sub.choices[args.command]
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{_did_you_mean(unknown, command)}")
     return int(args.func(args))
+
+
+def _did_you_mean(unknown: Sequence[str], command: argparse.ArgumentParser) -> str:
+    """"; did you mean --dim?" for the unknown flags close to one of the command's (none: "; its flags: ...")."""
+    import difflib
+
+    flags = sorted({s for action in command._actions for s in action.option_strings if s.startswith("--")})
+    given = [u.split("=", 1)[0] for u in unknown if u.startswith("-")]
+    near = [m[0] for u in given for m in [difflib.get_close_matches(u, flags, n=1, cutoff=0.6)] if m]
+    if near:
+        return f"; did you mean {' or '.join(dict.fromkeys(near))}?"
+    return f"; {command.prog.split()[-1]} takes {', '.join(flags)}" if given else ""
 
 
 if __name__ == "__main__":

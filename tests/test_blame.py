@@ -1063,3 +1063,21 @@ def test_blames_threads_take_the_callers_cuda_device_with_its_context_current(mo
     queried = [name for kind, name in seen if kind == "query"]
     assert len(set(queried)) == 2 and all(str(name).startswith("ortdiff-test") for name in queried)
     assert {n for _, n in threads} == {torch.get_num_threads()}
+
+
+def test_scope_summary_where_no_scope_explains_anything_is_one_line(stack_export) -> None:
+    """A new user's float16 blame printed the heading 'by module scope' and then only '... 8 more scopes, 8 of
+    them explaining 0 %': no rows under it. Where no scope explains a share, one line says so."""
+    import dataclasses
+
+    model, feeds = stack_export
+    from pytest_ortdiff.engine.blame import node_scope
+
+    planted = next(n.name for n in model.graph.node if node_scope(n) == "layers.1.norm")
+    table = blame(model, feeds, kernels={planted: _wrong_epsilon_layer_norm})
+    nothing = dataclasses.replace(table, rows=[dataclasses.replace(r, explained=0.0) for r in table.rows])
+    scopes = nothing.by_scope()
+    assert scopes and all(s.explained == 0 for s in scopes)
+    text = nothing.render(top=3)
+    assert f"by module scope: none of the {len(scopes)} scopes explains any of the gap (no node's swap alone closes a share of it)" in text.splitlines()
+    assert "more scopes" not in text and "by module scope (" not in text

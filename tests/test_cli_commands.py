@@ -6,6 +6,7 @@ and `--help` and argument errors before any heavy import; with the inputs from s
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -100,11 +101,47 @@ def test_help_and_argument_errors_import_no_heavy_module(tmp_path: Path, lnmm32:
         assert rc == (0 if name.endswith("help") else 2), (name, rc, err)
     assert results["compare-missing-file"][1] == f"error: model file {missing!r} does not exist\n"
     assert results["compare-missing-feeds"][1] == f"error: --feeds {tmp_path / 'nope.npz'}: the file does not exist\n"
-    assert results["bad-atol"][1] == "error: --atol -1: atol must be a non-negative number or a dict {dtype: number}, got -1.0\n"
+    assert results["bad-atol"][1] == "error: --atol -1: expected a number >= 0\n"
     assert results["bad-budget"][1].startswith("error: --budget '0.01': expected THRESHOLD:FRACTION, e.g. --budget 0.01:0.001")
     assert results["bad-provider"][1].startswith("error: --provider TPU: unknown provider 'TPU'")
     assert results["directory"][1] == f"error: model file {str(tmp_path)!r} is a directory, not a file\n"
     assert "invalid choice: 'float8'" in results["bad-dtype"][1]
+
+
+def test_an_unknown_flag_gets_the_commands_usage_and_the_flag_meant(lnmm32: Path, cli: Callable[..., Any]) -> None:
+    """`compare M --dims a=2` showed the top-level usage and no hint (a new user's typo)."""
+    out = cli("compare", str(lnmm32), "--dims", "a=2")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("usage: python -m pytest_ortdiff compare ")
+    assert out.stderr.splitlines()[-1] == "python -m pytest_ortdiff compare: error: unrecognized arguments: --dims a=2; did you mean --dim?"
+    far = cli("precision", str(lnmm32), "--json")  # nothing near: the flags it takes
+    assert far.returncode == 2
+    last = far.stderr.splitlines()[-1]
+    assert last.startswith("python -m pytest_ortdiff precision: error: unrecognized arguments: --json; precision takes --atol, --budget, --dim, --dtype,")
+
+
+def test_dtype_names_pytest_takes_the_command_line_takes(lnmm32: Path, cli: Callable[..., Any]) -> None:
+    """`--ort-dtypes=fp16` worked in pytest and `compare --dtype fp16` was an invalid choice."""
+    for alias in ("fp16", "half", "FLOAT16"):
+        out = cli("compare", str(lnmm32), *DIMS, "--dtype", alias, "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["dtype"] == "float16"
+    out = cli("compare", str(lnmm32), *DIMS, "--dtype", "fp8")
+    assert out.returncode == 2 and "invalid choice: 'fp8' (choose from 'float32', 'float16', 'bfloat16')" in out.stderr
+
+
+def test_a_closed_pipe_ends_the_output_quietly(lnmm32: Path) -> None:
+    """`compare M | head -1` ended in a BrokenPipeError traceback."""
+    for command in ("compare", "blame"):
+        argv = [sys.executable, "-m", "pytest_ortdiff", command, str(lnmm32), *DIMS]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # (the header goes before the run; the rest after the pipe closed, always)
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env=env) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            first = proc.stdout.read(20)  # (the first line is printed before the run: the rest is written into a closed pipe)
+            proc.stdout.close()
+            err = proc.stderr.read().decode()
+            assert proc.wait(timeout=120) == 141, err
+        assert first.startswith(str(lnmm32).encode()[:20]) and err == "", err
 
 
 # -- compare: tolerance flags, --dtype, --json ---------------------------------------------------------------
@@ -218,39 +255,81 @@ def deployed(tmp_path: Path) -> Path:
 
 
 def test_diff_compares_outputs_and_names_the_first_divergence(lnmm32: Path, deployed: Path, cli: Callable[..., Any]) -> None:
+    # float32 outputs of a float16 computation (keep_io_types=True): judged as float16, as check_deployment judges it
     out = cli("diff", str(lnmm32), str(deployed), *DIMS)
-    assert out.returncode == 1, out.stderr  # float32 outputs, float32's default tolerance: float16 arithmetic breaks it
+    assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == f"{lnmm32} -> {deployed}: onnxruntime CPU, the same feeds (dims {{'a': 2, 'b': 8, 'c': 16}}, seed 0), outputs compared as float32"
+    assert lines[0] == (
+        f"{lnmm32} -> {deployed}: onnxruntime CPU, the same feeds (dims {{'a': 2, 'b': 8, 'c': 16}}, seed 0), outputs compared as float16 "
+        "(the deployed model's compute dtype: it computes in float16 behind its outputs' dtype)"
+    )
+    assert lines[1] == "outputs within the tolerance (atol=0.01 rtol=0.01)"
+    tight = cli("diff", str(lnmm32), str(deployed), *DIMS, "--atol", "1e-4", "--rtol", "1e-4")
+    assert tight.returncode == 1, tight.stderr
+    lines = tight.stdout.splitlines()
     assert lines[1] == "outputs moved beyond the tolerance (atol=0.0001 rtol=0.0001):"
     assert lines[2].startswith("  - Z: ") and "exceed atol=0.0001 + rtol=0.0001*|expected|" in lines[2]
-    assert "output 'Z'  float32[2x8x16]  n=256" in lines
+    assert "output 'Z'  float16[2x8x16]  n=256" in lines
     assert "node by node (the values of the two graphs aligned):" in lines
     assert any(line.startswith("first divergence beyond tolerance: row ") and "'norm' (LayerNormalization)" in line for line in lines), lines
-    loose = cli("diff", str(lnmm32), str(deployed), *DIMS, "--atol", "0.02", "--rtol", "0.02")
-    assert loose.returncode == 0 and loose.stdout.splitlines()[1] == "outputs within the tolerance (atol=0.02 rtol=0.02)"
 
 
-def test_diff_json(lnmm32: Path, deployed: Path, cli: Callable[..., Any]) -> None:
-    out = cli("diff", str(lnmm32), str(deployed), *DIMS, "--json")
+def test_diff_and_check_deployment_give_one_verdict(lnmm32: Path, deployed: Path, cli: Callable[..., Any]) -> None:
+    """The command line and the fixture's check_deployment judge one deployment alike (a new user met them
+    disagreeing on a keep_io_types float16 conversion: float32 on the command line, float16 in the fixture)."""
+    from pytest_ortdiff.analyses.align import check_deployment
+    from pytest_ortdiff.numerics.tolerance import Tolerance
+
+    feeds = {k: v.numpy() for k, v in models.random_feeds(onnx.load(str(lnmm32)), dims={"a": 2, "b": 8, "c": 16}, seed=0).items()}
+    for tol, flags in ((None, []), (Tolerance(atol=1e-4, rtol=1e-4), ["--atol", "1e-4", "--rtol", "1e-4"])):
+        report = check_deployment(str(lnmm32), str(deployed), feeds, tolerance=tol)
+        out = cli("diff", str(lnmm32), str(deployed), *DIMS, *flags, "--json")
+        data = json.loads(out.stdout)
+        assert (data["passed"], data["dtype"], data["compute_dtype"]) == (report.passed, report.dtype, report.compute_dtype) == (tol is None, "float16", "float16")
+        assert out.returncode == (0 if report.passed else 1)
+
+
+def _scaled(path: Path, factor: float) -> Path:
+    """X[a, 16] -> Mul(factor) -> Z: a model, and (factor != 1) its deployment that moved the numbers."""
+    k = onnx.numpy_helper.from_array(np.array(factor, np.float32), "k")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "k"], ["Z"])], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["a", 16])],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["a", 16])], [k],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+def test_diff_failing_at_the_default_tolerance_says_how_to_give_one(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    original, moved = _scaled(tmp_path / "one.onnx", 1.0), _scaled(tmp_path / "moved.onnx", 1.01)
+    out = cli("diff", str(original), str(moved), "--dim", "a=4")
     assert out.returncode == 1, out.stderr
-    data = json.loads(out.stdout)
-    assert list(data) == [
-        "schema", "command", "original", "deployed", "provider", "dtype", "dims", "seed", "feeds", "input_ranges",
-        "tolerance", "passed", "violations", "outputs", "report", "alignment",
-    ]  # fmt: skip
-    assert (data["command"], data["original"], data["deployed"], data["dtype"], data["passed"]) == ("diff", str(lnmm32), str(deployed), "float32", False)
-    assert data["outputs"] == [{"original": "Z", "deployed": "Z", "compared_as": "float32"}]
-    alignment = data["alignment"]
-    assert alignment["first_divergence"] is not None
-    row = alignment["rows"][alignment["first_divergence"]]
-    assert (row["status"], row["a"]["op_type"], row["b"]["op_type"]) == ("!", "LayerNormalization", "LayerNormalization")
+    hint = (
+        "  (that is float32's default tolerance; a deployment step such as quantization moves outputs by design: "
+        "give the one it is allowed, e.g. --atol 0.01 --rtol 0.01 or --budget 0.01:0.001)"
+    )
+    assert hint in out.stdout.splitlines()
+    given = cli("diff", str(original), str(moved), "--dim", "a=4", "--atol", "1e-6")
+    assert given.returncode == 1 and "default tolerance" not in given.stdout
 
 
-def test_diff_of_a_model_with_itself_is_exact(lnmm32: Path, cli: Callable[..., Any]) -> None:
-    out = cli("diff", str(lnmm32), str(lnmm32), *DIMS)
-    assert out.returncode == 0, out.stderr
-    assert "no pair diverges beyond tolerance" in out.stdout and "max abs   0 " in out.stdout
+def test_diff_of_models_taking_different_inputs_is_one_error_line(lnmm32: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """Same input names, another width (a user's diff of two unrelated exports): one line, exit 2 (1 would read as 'the numbers moved')."""
+    wide = tmp_path / "wide.onnx"
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["X"], ["Z"])], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["a", "b", 64])], [helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["a", "b", 64])]
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(wide))
+    narrow = tmp_path / "narrow.onnx"
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["X"], ["Z"])], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["a", "b", 32])], [helper.make_tensor_value_info("Z", TensorProto.FLOAT, ["a", "b", 32])]
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(narrow))
+    for flags in ([], ["--json"]):
+        out = cli("diff", str(narrow), str(wide), "--dim", "a=2", "--dim", "b=3", *flags)
+        assert out.returncode == 2 and out.stdout == "", out.stdout
+        assert out.stderr.startswith(f"error: {wide} does not take the inputs drawn for {narrow}: feed 'X' has shape (2, 3, 32), the model declares float32[a, b, 64] (axis 2 must be 64);")
+        assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
 
 
 def test_diff_of_two_unrelated_models_is_one_error_line(lnmm32: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:

@@ -157,6 +157,9 @@ def test_missing_dim_is_named() -> None:
         random_feeds(model, dims={"a": 2, "b": 8})
     with pytest.raises(ValueError, match=re.escape("symbolic dims ['a', 'b', 'c']; pass dims={'a': ..., 'b': ..., 'c': ...}")):
         random_feeds(model)
+    # a misspelt name is named with the missing one (a new user's dims={"batch": 2, "sq": 16})
+    with pytest.raises(ValueError, match=re.escape("pass dims={'c': ...} ('cc' is not a dim of its inputs; theirs: ['a', 'b', 'c'])")):
+        random_feeds(model, dims={"a": 2, "b": 8, "cc": 16})
 
 
 def test_random_feeds_accepts_a_path(tmp_path: object) -> None:

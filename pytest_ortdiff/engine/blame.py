@@ -254,9 +254,11 @@ class BlameTable(Sequence[BlameRow]):
             skipped = sum(r.skipped for r in rest)
             lines.append(f"  ... {len(rest):,} more nodes, each explaining at most {max(r.explained for r in rest) * 100:.0f} % ({skipped:,} of them bit-identical on onnxruntime: 0 %)")
         scopes = self.by_scope()
-        if scopes and not gap.is_exact:
+        shown_scopes = [s for s in scopes if s.explained > 0][:10]
+        if scopes and not gap.is_exact and not shown_scopes:
+            lines.append(f"by module scope: none of the {len(scopes)} scope{'' if len(scopes) == 1 else 's'} explains any of the gap (no node's swap alone closes a share of it)")
+        elif scopes and not gap.is_exact:
             lines.append("by module scope (its nodes' explained summed, the scopes inside it included):")
-            shown_scopes = [s for s in scopes if s.explained > 0][:10]
             for s in shown_scopes:
                 lines.append(f"  {s.scope}: {s.explained * 100:.0f} % of the gap ({s.nodes} node{'' if s.nodes == 1 else 's'}; most: {s.top_node} {s.top_explained * 100:.0f} %)")
             if len(scopes) > len(shown_scopes):

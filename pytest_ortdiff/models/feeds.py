@@ -79,7 +79,10 @@ def random_feeds(model: Any, *, dims: Mapping[str, int] | None = None, seed: int
             dt = override
         feeds[vi.name] = _draw(tuple(shape), dt, ranges.get(vi.name), gen).to(device)
     if needed:
-        raise ValueError(f"random_feeds needs a value for the symbolic dims {sorted(needed)}; pass dims={{{', '.join(repr(n) + ': ...' for n in sorted(needed))}}}")
+        known = {d.dim_param for vi in m.graph.input if vi.name not in init_names for d in vi.type.tensor_type.shape.dim if d.dim_param}
+        stray = sorted(set(dims) - known)
+        also = f" ({', '.join(map(repr, stray))} {'is' if len(stray) == 1 else 'are'} not a dim of its inputs; theirs: {sorted(known)})" if stray else ""
+        raise ValueError(f"random_feeds needs a value for the symbolic dims {sorted(needed)}; pass dims={{{', '.join(repr(n) + ': ...' for n in sorted(needed))}}}{also}")
     return feeds
 
 
