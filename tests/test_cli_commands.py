@@ -413,3 +413,16 @@ def test_npz_with_an_unused_deflated_member_is_refused_before_inflating(tmp_path
         tracemalloc.stop()
     assert out.returncode == 2 and out.stderr == f"error: --feeds {npz}: 'unused' is not an input of the model; its inputs: X: float32[a, 4]\n"
     assert peak < 4 * 2**20, peak
+
+
+def test_cuda_on_the_cpu_wheel_names_the_gpu_wheel(lnmm32: Path, cli: Callable[..., Any]) -> None:
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    out = cli("compare", str(lnmm32), *DIMS, "--provider", "CUDA")
+    assert out.returncode == 2
+    assert out.stderr == (
+        "error: --provider CUDA: CUDAExecutionProvider not available; available: CPU (this onnxruntime is the CPU build: for CUDA, "
+        "pip uninstall onnxruntime && pip install pytest-ortdiff[gpu], i.e. onnxruntime-gpu)\n"
+    )

@@ -89,7 +89,11 @@ def unavailable_reason(provider: str) -> str | None:
         if provider in ("CUDA", "TensorRT") and not _cuda_device_present():
             return f"{KNOWN[provider]} is built into onnxruntime but no CUDA device is visible"
         return None
-    return f"{KNOWN[provider]} not available; available: {', '.join(have)}"
+    hint = ""
+    if provider in ("CUDA", "TensorRT") and "CUDA" not in have:
+        # the CPU wheel has no CUDA provider at all: the GPU one replaces it (never both installed)
+        hint = " (this onnxruntime is the CPU build: for CUDA, pip uninstall onnxruntime && pip install pytest-ortdiff[gpu], i.e. onnxruntime-gpu)"
+    return f"{KNOWN[provider]} not available; available: {', '.join(have)}{hint}"
 
 
 @functools.lru_cache(maxsize=1)
