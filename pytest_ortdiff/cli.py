@@ -327,6 +327,8 @@ def _check_file(name: str, what: str, missing: str | None = None) -> None:
         raise _CompareError(missing or f"{what} {name!r} does not exist")
     if os.path.isdir(name):
         raise _CompareError(f"{what} {name!r} is a directory, not a file")
+    if not os.path.isfile(name):  # (a device such as /dev/zero reads without end, a pipe waits for a writer)
+        raise _CompareError(f"{what} {name!r} is not a regular file (a device, a pipe or a socket): save it to a file first")
 
 
 def _tolerance(args: argparse.Namespace) -> Any:
@@ -390,10 +392,12 @@ def _open_model(args: argparse.Namespace, path: str, *, dtype: str | None = None
     model = checked.proto
     specs = input_specs(model)
     if not fed:
+        _numeric_outputs(path, model)
         return _Model(path, checked, specs, {}, {}, {}, {}, _model_dtype(model))
     given = _load_feeds(args.feeds, specs) if getattr(args, "feeds", None) else {}
     dims = _parse_dims(args.dim or (), model, specs, given, getattr(args, "feeds", None))
     _check_drawable(specs, given, dims)
+    _numeric_outputs(path, model)
     ranges = _parse_ranges(args.input_range or (), specs, given, getattr(args, "feeds", None))
     kernels = _parse_kernels(getattr(args, "ort_kernel", None) or (), model)
     own = _model_dtype(model)
@@ -415,6 +419,21 @@ def _open_model(args: argparse.Namespace, path: str, *, dtype: str | None = None
         raise _CompareError(f"--dtype {dtype}: onnxruntime's float16 converter cannot convert {path}: {exc}") from None
     opened.dtype, opened.converted_from, opened.drawn = dtype, own, model
     return opened
+
+
+def _numeric_outputs(path: str, model: Any) -> None:
+    """Every graph output a tensor of numbers or bools (what the commands compare), else one line naming it."""
+    import onnx
+
+    for out in model.graph.output:
+        kind = out.type.WhichOneof("value")
+        if kind == "tensor_type" and out.type.tensor_type.elem_type == onnx.TensorProto.STRING:
+            raise _CompareError(
+                f"{path}: output {out.name!r} is a string tensor; the commands compare tensors of numbers (and bools): "
+                "compare the graph up to the node that makes strings (onnx.utils.extract_model)"
+            )
+        if kind not in ("tensor_type", None):
+            raise _CompareError(f"{path}: output {out.name!r} is a {kind.replace('_type', '')}, not a tensor; the commands compare tensor outputs")
 
 
 def _cast_feeds(feeds: Mapping[str, Any], model: Any) -> dict[str, Any]:
@@ -466,9 +485,14 @@ def _engine_error(exc: BaseException, m: _Model) -> _CompareError | None:
     """The one line for what running the model raised (None: not a refusal we know; raised as it is)."""
     from .engine.check import OrtRunError, UnsupportedByProvider, _from_onnxruntime
     from .runtimes.evaluator import MissingKernelError
+    from .runtimes.ort import UnsupportedByProviderError
+    from .runtimes.providers import KNOWN
 
+    fix = "so there is nothing to compare the torch evaluator with: use a provider that has it (e.g. --provider CUDA) or another --dtype"
     if isinstance(exc, UnsupportedByProvider):  # a (provider, dtype, op) onnxruntime does not implement
-        return _CompareError(f"{exc.reason}, so there is nothing to compare the torch evaluator with: use a provider that has it (e.g. --provider CUDA) or another --dtype")
+        return _CompareError(f"{exc.reason}, {fix}")
+    if isinstance(exc, UnsupportedByProviderError):  # (the same, met outside a check: blame's, precision's runs)
+        return _CompareError(f"{exc.provider}-{m.dtype}: onnxruntime {KNOWN.get(exc.provider, exc.provider)} has no {m.dtype} kernel for {exc.op}, {fix}")
     if isinstance(exc, MissingKernelError):
         return _CompareError(_missing_kernel_message(exc))
     hint = _drawn_hint(m.proto, m.specs, m.given, m.ranges)
@@ -478,6 +502,20 @@ def _engine_error(exc: BaseException, m: _Model) -> _CompareError | None:
         text = str(exc).strip()
         return _CompareError(f"onnxruntime cannot run {m.path}: {text.splitlines()[0] if text else type(exc).__name__}{hint}")
     return None
+
+
+def _judged(checker: Any, m: _Model) -> tuple[str, Any]:
+    """The dtype a check of the model judges in (a float16 model behind float32 I/O: float16) and the
+    tolerance resolved for it."""
+    judged = checker.judged_dtype(m.checked)
+    return judged, checker.tolerance_for(dtype=judged)
+
+
+def _judged_text(m: _Model, judged: str) -> str:
+    """"float32", or "float32 (judged as float16: the model computes in float16 behind float32 inputs and outputs)"."""
+    if judged == m.dtype:
+        return m.dtype
+    return f"{m.dtype} (judged as {judged}: the model computes in {judged} behind {m.dtype} inputs and outputs)"
 
 
 def _unavailable(provider: str) -> None:
@@ -518,6 +556,23 @@ def _run_json(args: argparse.Namespace, command: str, m: _Model, provider: str) 
     }
 
 
+def _json_text(data: Any) -> str:
+    """`data` as strict JSON (what every parser takes): NaN and infinities as the strings "nan", "inf", "-inf",
+    as the reports write them (an infinite --atol, a tolerance's bound, a report's NaN mismatch)."""
+    import math
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+        if isinstance(x, Mapping):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [plain(v) for v in x]
+        return x
+
+    return json.dumps(plain(data), indent=1, allow_nan=False)
+
+
 #: the version of the JSON that compare, blame and diff print with --json
 _JSON_SCHEMA = 1
 
@@ -531,8 +586,9 @@ def _compare(args: argparse.Namespace) -> int:
     m = _open_model(args, args.model, dtype=args.dtype)
     checker = Checker(args.provider, m.dtype, tolerance=args.tolerance)
     feeds = m.feeds(args.seed, checker.device)
+    judged, tolerance = _judged(checker, m)
     if not args.json:
-        _say(f"{args.model}: torch evaluator vs onnxruntime {checker.provider} {m.dtype}, dims {m.dims}, seed {args.seed}{_notes(args, m)}")
+        _say(f"{args.model}: torch evaluator vs onnxruntime {checker.provider} {_judged_text(m, judged)}, dims {m.dims}, seed {args.seed}{_notes(args, m)}")
     try:
         result = _engine(lambda: checker.check(m.checked, feeds, kernels=m.kernels or None, missing=args.missing), m)  # (checked once, run from its file above 2 GB)
     except ToleranceBroken as exc:
@@ -540,18 +596,19 @@ def _compare(args: argparse.Namespace) -> int:
     if args.json:
         data = _run_json(args, "compare", m, checker.provider)
         data.update(
-            tolerance=_tolerance_json(checker.tolerance),
+            tolerance=_tolerance_json(tolerance),
             passed=result.passed,
             violations=[{"rule": v.rule, "output": v.output, "message": v.message} for v in result.violations],
             ran_on_ort=list(result.ran_on_ort),
             notes=list(result.notes),
             report=result.report.to_dict(),
+            judged_dtype=judged,  # (keys are only ever added, at the end)
         )
-        print(json.dumps(data, indent=1))
+        print(_json_text(data))
     elif result.passed:
         notes = "\n".join(f"note: {note}" for note in result.notes)
         widened = f"compared as the float32 values they hold (each value of theirs is one): {', '.join(result.widened)}" if result.widened else ""
-        _say("\n".join(x for x in (f"passed ({checker.tolerance.describe()})", result.ran_on_ort_line(), widened, notes, result.report.render()) if x))
+        _say("\n".join(x for x in (f"passed ({tolerance.describe()})", result.ran_on_ort_line(), widened, notes, result.report.render()) if x))
     else:
         _say(result.render())
     return 0 if result.passed else 1
@@ -566,13 +623,14 @@ def _blame(args: argparse.Namespace) -> int:
     m = _open_model(args, args.model, dtype=args.dtype)
     checker = Checker(args.provider, m.dtype, tolerance=args.tolerance)
     feeds = m.feeds(args.seed, checker.device)
+    judged, tolerance = _judged(checker, m)
     if not args.json:
-        _say(f"{args.model}: blame, torch evaluator vs onnxruntime {checker.provider} {m.dtype}, dims {m.dims}, seed {args.seed}{_notes(args, m)}")
+        _say(f"{args.model}: blame, torch evaluator vs onnxruntime {checker.provider} {_judged_text(m, judged)}, dims {m.dims}, seed {args.seed}{_notes(args, m)}")
     table = _engine(lambda: checker.blame(m.checked, feeds, kernels=m.kernels or None, missing=args.missing), m)
     if args.json:
         data = _run_json(args, "blame", m, checker.provider)
-        data.update(tolerance=_tolerance_json(checker.tolerance), blame=table.to_dict())
-        print(json.dumps(data, indent=1))
+        data.update(tolerance=_tolerance_json(tolerance), blame=table.to_dict(), judged_dtype=judged)
+        print(_json_text(data))
     else:
         _say(table.render(top=args.top))
     return 0
@@ -627,7 +685,11 @@ def _diff(args: argparse.Namespace) -> int:
     dtypes = list(dict.fromkeys(c["compared_as"] for c in compared))
     tol = args.tolerance or Tolerance()
     report = compare(expected, got, thresholds=sorted({*DEFAULT_THRESHOLDS, *tol.thresholds}), tolerance=tol)
-    violations = tol.check(report)
+    violations = list(tol.check(report))
+    if report.n == 0:  # every output empty: nothing compared is not a pass
+        from .engine.check import _nothing_compared
+
+        violations.append(_nothing_compared(report, feeds_a))
     shown = tol.for_dtype(dtypes[0])
     # every pair judged by the tolerance the outputs are (not each pair's narrower dtype's defaults): the first
     # divergence is then the first value beyond what the outputs were allowed
@@ -652,7 +714,7 @@ def _diff(args: argparse.Namespace) -> int:
             "alignment": alignment.to_dict() if alignment is not None else {"error": why_not},
             "compute_dtype": compute,
         }
-        print(json.dumps(data, indent=1))
+        print(_json_text(data))
         return 1 if violations else 0
     why = f" (the deployed model's compute dtype: it computes in {compute} behind its outputs' dtype)" if compute in dtypes else ""
     lines = [
@@ -660,9 +722,9 @@ def _diff(args: argparse.Namespace) -> int:
         f"outputs compared as {', '.join(dtypes)}{why}" + ("" if by_name else " (inputs and outputs matched by position)")
     ]
     if violations:
-        lines.append(f"outputs moved beyond the tolerance ({shown.describe()}):")
+        lines.append("nothing compared:" if report.n == 0 else f"outputs moved beyond the tolerance ({shown.describe()}):")
         lines += [f"  - {v}" for v in violations]
-        if args.tolerance is None:
+        if args.tolerance is None and report.n:
             lines.append(
                 f"  (that is {dtypes[0]}'s default tolerance; a deployment step such as quantization moves outputs by design: "
                 "give the one it is allowed, e.g. --atol 0.01 --rtol 0.01 or --budget 0.01:0.001)"
@@ -699,6 +761,8 @@ def _comparable(a: Any, b: Any, floor: str | None = None) -> tuple[Any, Any, str
 
     from .numerics.dtypes import dtype_of
 
+    # the float8s, which the diff has no rules for: compared as the float32 values they hold (each is one)
+    a, b = (x.to(torch.float32) if x.is_floating_point() and x.element_size() == 1 else x for x in (a, b))
     fa, fb = a.is_floating_point(), b.is_floating_point()
     if fa and fb:
         target = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
@@ -730,8 +794,10 @@ def _precision(args: argparse.Namespace) -> int:
     from .analyses.precision.keep import keep_float32
     from .runtimes.providers import torch_device
 
-    if args.samples < 1:
-        raise _CompareError(f"--samples {args.samples}: expected at least one sample")
+    if not 1 <= args.samples <= _MAX_SAMPLES:
+        raise _CompareError(f"--samples {args.samples}: expected 1 to {_MAX_SAMPLES:,} samples (each is a run of the search)")
+    if args.write_converted is not None:
+        _check_writable_model(args.write_converted, args.model)
     _unavailable(args.provider)
     m = _open_model(args, args.model)
     feeds = [m.feeds(args.seed + i, torch_device(args.provider)) for i in range(args.samples)]
@@ -755,6 +821,49 @@ def _precision(args: argparse.Namespace) -> int:
                 return 2
             print(f"\nwrote {args.write_converted}")
     return 0 if report.verified else 1
+
+
+#: precision --samples at most
+_MAX_SAMPLES = 1000
+
+
+def _check_writable_model(out: str, model: str) -> None:
+    """--write-converted OUT checked before the search: a path, not the model it converts, and never over a
+    file that is not an ONNX model (a misplaced argument must not cost a user's file)."""
+    import os
+
+    flag = f"--write-converted {out!r}"
+    if not out.strip():
+        raise _CompareError(f"{flag}: an empty path; give the file to write, e.g. --write-converted model_fp16.onnx")
+    if os.path.isdir(out):
+        raise _CompareError(f"{flag} is a directory; give the file to write in it, e.g. {os.path.join(out, 'model_fp16.onnx')}")
+    if not os.path.exists(out):
+        return
+    if os.path.samefile(out, model):
+        raise _CompareError(f"{flag} is the model being converted: writing there would replace it; give the converted model a path of its own")
+    if not _is_onnx_model(out):
+        raise _CompareError(f"{flag} holds a file that is not an ONNX model, so it is not overwritten: give the converted model a path of its own")
+
+
+def _is_onnx_model(path: str) -> bool:
+    """Whether the file holds a serialized ModelProto: parsed when small, else its first field is IR's version
+    (what every writer puts first); an empty file holds nothing to lose."""
+    import os
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return True
+    if size > 64 * 2**20:
+        with open(path, "rb") as f:
+            return f.read(1) == b"\x08"
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load_model(path, load_external_data=False)
+    except (DecodeError, OSError, ValueError, RuntimeError):
+        return False
+    return model.HasField("graph") or model.ir_version > 0
 
 
 def _load_checked(name: str) -> Any:
@@ -813,6 +922,12 @@ def _load_feeds(path: str, specs: Mapping[str, InputSpec]) -> dict[str, Any]:
         if twice:
             raise _CompareError(f"--feeds {path}: {twice[0]!r} is in the file twice; {how}")
         arrays = {name: _read_member(z, info, name, path) for name, info in zip(names, members, strict=True)}
+    for name, arr in arrays.items():
+        if arr.dtype.kind not in "biuf":  # (strings, dates, complex, raw bytes, records: no input of a model takes them)
+            raise _CompareError(
+                f"--feeds {path}: {name!r} holds {arr.dtype} values ({_NPY_KINDS.get(arr.dtype.kind, 'not numbers')}); the model declares "
+                f"{specs[name].describe()}: save it as an array of that dtype"
+            )
     try:
         for name, arr in arrays.items():
             check_feed(specs[name], arr)
@@ -821,6 +936,9 @@ def _load_feeds(path: str, specs: Mapping[str, InputSpec]) -> dict[str, Any]:
         raise _CompareError(f"--feeds {path}: {exc}") from None
     return {name: torch.from_numpy(arr) for name, arr in arrays.items()}
 
+
+#: numpy's dtype kinds that are not numbers, as a person names them
+_NPY_KINDS = {"U": "text", "S": "bytes", "M": "dates", "m": "time spans", "c": "complex numbers", "V": "raw bytes or records", "O": "Python objects"}
 
 #: the most bytes --feeds reads of one member, and of an .npy header (numpy's own default cap)
 _MAX_FEED_BYTES = 2**31
@@ -1144,6 +1262,17 @@ def _dtype_argument(p: argparse.ArgumentParser, what: str, choices: Sequence[str
     p.add_argument("--dtype", type=_dtype_name, choices=choices, default=default, help=f"{what} ({', '.join(aliases[c] for c in choices)} name them too)")
 
 
+def _count(text: str) -> int:
+    """An argument that counts rows: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of rows (0 or more)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected 0 or more rows")
+    return value
+
+
 def _dtype_name(text: str) -> str:
     """A dtype's canonical name from the names pytest's --ort-dtypes takes too (fp16, half, bf16, fp32); the
     text as given when it names none (argparse's choices then list the valid ones)."""
@@ -1238,7 +1367,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     _model_arguments(p)
     _dtype_argument(p, "the dtype to blame in (default: the model's own); a float32 model is converted to float16 or bfloat16 first")
     _tolerance_arguments(p, "(blame: which node output is the first to drift; default any difference beyond the dtype's defaults)")
-    p.add_argument("--top", type=int, default=15, metavar="N", help="the nodes the table shows before '... N more nodes' (default 15)")
+    p.add_argument("--top", type=_count, default=15, metavar="N", help="the nodes the table shows before '... N more nodes' (default 15)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the whole table instead")
     p.set_defaults(func=_command(_blame))
     p = sub.add_parser(
@@ -1253,7 +1382,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("deployed", metavar="DEPLOYED.onnx")
     _model_arguments(p, kernels=False, missing=False)
     _tolerance_arguments(p, "(default: the compared dtype's atol/rtol)")
-    p.add_argument("--around", type=int, default=4, metavar="K", help="rows of the node-by-node table shown on either side of the first divergence (default 4)")
+    p.add_argument("--around", type=_count, default=4, metavar="K", help="rows of the node-by-node table shown on either side of the first divergence (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the outputs' report and the whole alignment) instead")
     p.set_defaults(func=_command(_diff))
     p = sub.add_parser(

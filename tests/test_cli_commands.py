@@ -173,7 +173,7 @@ def test_compare_json_has_a_stable_schema(lnmm32: Path, cli: Callable[..., Any])
     data = json.loads(out.stdout)  # the whole stdout is one JSON document
     assert list(data) == [
         "schema", "command", "model", "provider", "dtype", "converted_from", "dims", "seed", "feeds", "input_ranges",
-        "ort_kernels", "missing", "tolerance", "passed", "violations", "ran_on_ort", "notes", "report",
+        "ort_kernels", "missing", "tolerance", "passed", "violations", "ran_on_ort", "notes", "report", "judged_dtype",
     ]  # fmt: skip
     assert (data["schema"], data["command"], data["model"], data["provider"], data["dtype"]) == (1, "compare", str(lnmm32), "CPU", "float32")
     assert (data["converted_from"], data["dims"], data["seed"], data["feeds"], data["missing"]) == (None, {"a": 2, "b": 8, "c": 16}, 0, None, "error")
@@ -426,3 +426,154 @@ def test_cuda_on_the_cpu_wheel_names_the_gpu_wheel(lnmm32: Path, cli: Callable[.
         "error: --provider CUDA: CUDAExecutionProvider not available; available: CPU (this onnxruntime is the CPU build: for CUDA, "
         "pip uninstall onnxruntime && pip install pytest-ortdiff[gpu], i.e. onnxruntime-gpu)\n"
     )
+
+
+# -- an adversarial pass over the command line (after issue 30) -------------------------------------------------
+
+
+def _one_node(path: Path, op: str, out_type: int = TensorProto.FLOAT, shape: tuple[Any, ...] = (2, 4), opset: int = 19, **attrs: Any) -> Path:
+    """x: float32[shape] -> op -> y: a model of one node, saved at `path`."""
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], **attrs)], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", out_type, list(shape))],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def test_write_converted_never_costs_a_file(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """`precision M --write-converted M` replaced the model with its conversion; `--write-converted notes.py`
+    overwrote a text file; an empty path wrote nothing and passed. Each is refused before the search."""
+    model = _one_node(tmp_path / "relu.onnx", "Relu")
+    before = model.read_bytes()
+    notes = tmp_path / "notes.py"
+    notes.write_text("print('important')\n")
+    (tmp_path / "outdir").mkdir()
+    cases = {
+        str(model): "is the model being converted: writing there would replace it; give the converted model a path of its own",
+        str(notes): "holds a file that is not an ONNX model, so it is not overwritten: give the converted model a path of its own",
+        "": ": an empty path; give the file to write, e.g. --write-converted model_fp16.onnx",
+        str(tmp_path / "outdir"): "is a directory; give the file to write in it",
+    }
+    for out, message in cases.items():
+        res = cli("precision", str(model), "--write-converted", out)
+        assert res.returncode == 2 and res.stdout == "", res.stdout
+        assert res.stderr.startswith(f"error: --write-converted {out!r}") and message in res.stderr, res.stderr
+    assert model.read_bytes() == before and notes.read_text() == "print('important')\n"
+    # an ONNX model there (an earlier conversion) is replaced, as asked
+    old = _one_node(tmp_path / "old16.onnx", "Neg")
+    res = cli("precision", str(model), "--write-converted", str(old))
+    assert res.returncode == 0 and res.stdout.rstrip().endswith(f"wrote {old}"), res.stderr
+    assert [n.op_type for n in onnx.load(str(old)).graph.node] != ["Neg"]
+
+
+def test_count_arguments_are_counts(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    model = str(_one_node(tmp_path / "relu.onnx", "Relu"))
+    for argv, message in (
+        (["blame", model, "--top", "-1"], "argument --top: -1: expected 0 or more rows"),
+        (["diff", model, model, "--around", "-3"], "argument --around: -3: expected 0 or more rows"),
+        (["precision", model, "--samples", "100000000"], "error: --samples 100000000: expected 1 to 1,000 samples"),
+    ):
+        res = cli(*argv)
+        assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_nothing_compared_is_never_a_pass(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """`diff zero.onnx zero.onnx` (every output empty) passed; blame said 'no discrepancy'."""
+    from pytest_ortdiff.analyses.align import check_deployment
+
+    zero = _one_node(tmp_path / "zero.onnx", "Relu", shape=(0, 4))
+    res = cli("diff", str(zero), str(zero))
+    assert res.returncode == 1
+    assert res.stdout.splitlines()[1:3] == [
+        "nothing compared:",
+        "  - compared 0 elements: every output is empty (y: float32[0x4]) for the feeds given (empty: x [0, 4]); feed a non-empty input",
+    ]
+    assert json.loads(cli("diff", str(zero), str(zero), "--json").stdout)["passed"] is False
+    assert not check_deployment(str(zero), str(zero), {"x": np.zeros((0, 4), np.float32)}).passed
+    blamed = cli("blame", str(zero))
+    assert "  compared 0 elements (every output is empty on these feeds): nothing to blame; feed inputs whose outputs have elements" in blamed.stdout.splitlines()
+    assert "no discrepancy" not in blamed.stdout
+
+
+def test_a_budget_threshold_given_twice_is_refused(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """`--budget 0.1:0 --budget 0.1:0.5`: the later rule replaced the stricter one, silently."""
+    model = str(_one_node(tmp_path / "sig.onnx", "Sigmoid"))
+    res = cli("compare", model, "--budget", "0.1:0", "--budget", "0.1:0.5")
+    assert (res.returncode, res.stderr) == (2, "error: --budget '0.1:0.5': the threshold 0.1 is given twice, with 0 and 0.5: give it once\n")
+    assert cli("compare", model, "--budget", "0.1:0", "--budget", "0.1:0").returncode == 0  # (the same rule twice is the rule)
+
+
+def test_outputs_of_any_dtype_are_compared_or_named(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """float8 outputs crashed blame and diff ("unknown dtype 'float8_e4m3fn'"); string outputs were a TypeError."""
+    f8 = str(_one_node(tmp_path / "f8.onnx", "Cast", out_type=TensorProto.FLOAT8E4M3FN, to=TensorProto.FLOAT8E4M3FN))
+    res = cli("blame", f8)
+    assert res.returncode == 0 and "blame: torch evaluator vs onnxruntime CPU float32: gap max abs 0, 0/8 elements differ" in res.stdout, res.stderr
+    res = cli("diff", f8, f8, "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["outputs"] == [{"original": "y", "deployed": "y", "compared_as": "float32"}]
+    text = str(_one_node(tmp_path / "text.onnx", "Cast", out_type=TensorProto.STRING, to=TensorProto.STRING))
+    relu = str(_one_node(tmp_path / "relu.onnx", "Relu"))
+    for argv in (["compare", text], ["blame", text], ["precision", text], ["diff", relu, text]):
+        res = cli(*argv)
+        assert res.returncode == 2 and res.stderr == (
+            f"error: {text}: output 'y' is a string tensor; the commands compare tensors of numbers (and bools): "
+            "compare the graph up to the node that makes strings (onnx.utils.extract_model)\n"
+        ), (argv, res.stderr)
+
+
+def test_feeds_that_are_not_numbers_are_named(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    relu = str(_one_node(tmp_path / "relu.onnx", "Relu"))
+    for array, what in (
+        (np.array([["a"] * 4] * 2), "<U1 values (text)"),
+        (np.zeros((2, 4), "datetime64[s]"), "datetime64[s] values (dates)"),
+        (np.zeros((2, 4), np.complex64), "complex64 values (complex numbers)"),
+        (np.zeros((2, 4), [("a", "<f4")]), "values (raw bytes or records)"),
+    ):
+        path = tmp_path / "feeds.npz"
+        np.savez(path, x=array)
+        res = cli("compare", relu, "--feeds", str(path))
+        assert res.returncode == 2 and res.stderr.startswith(f"error: --feeds {path}: 'x' holds "), res.stderr
+        assert f"{what}; the model declares float32[2, 4]: save it as an array of that dtype" in res.stderr
+
+
+def test_a_model_path_that_is_not_a_regular_file_is_refused(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """`compare /dev/zero` read without end; `compare FIFO` waited forever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        res = cli("compare", path)
+        assert (res.returncode, res.stderr) == (2, f"error: model file {path!r} is not a regular file (a device, a pipe or a socket): save it to a file first\n")
+
+
+def test_json_is_strict_with_infinite_numbers(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """`--atol inf --json` printed bare `Infinity`, which strict parsers refuse."""
+    model = str(_one_node(tmp_path / "sig.onnx", "Sigmoid"))
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+
+    for argv in (["compare", model], ["blame", model], ["diff", model, model]):
+        res = cli(*argv, "--atol", "inf", "--json")
+        assert res.returncode == 0, res.stderr
+        assert strict(res.stdout)["tolerance"]["atol"] == "inf"
+
+
+def test_bfloat16_blame_without_a_kernel_is_one_line(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    model = str(_one_node(tmp_path / "relu.onnx", "Relu"))
+    res = cli("blame", model, "--dtype", "bfloat16")
+    assert res.returncode == 2 and res.stderr == (
+        "error: CPU-bfloat16: onnxruntime CPUExecutionProvider has no bfloat16 kernel for Relu(14), so there is nothing to compare the torch "
+        "evaluator with: use a provider that has it (e.g. --provider CUDA) or another --dtype\n"
+    )
+
+
+def test_compare_and_blame_say_a_float16_model_behind_float32_io_is_judged_as_float16(lnmm32: Path, deployed: Path, cli: Callable[..., Any]) -> None:
+    """The first line said 'float32' and the tolerance float32's while the check judged in float16."""
+    for command in ("compare", "blame"):
+        res = cli(command, str(deployed), *DIMS)
+        assert res.returncode == 0, res.stderr
+        assert "CPU float32 (judged as float16: the model computes in float16 behind float32 inputs and outputs), dims" in res.stdout.splitlines()[0]
+        data = json.loads(cli(command, str(deployed), *DIMS, "--json").stdout)
+        assert (data["dtype"], data["judged_dtype"], data["tolerance"]["text"]) == ("float32", "float16", "atol=0.01 rtol=0.01")
+    assert cli("compare", str(deployed), *DIMS).stdout.splitlines()[1] == "passed (atol=0.01 rtol=0.01)"

@@ -1532,6 +1532,10 @@ def check_deployment(
             raise ValueError(f"output {a!r} of {lab[0]} is {list(expected[a].shape)} and {b!r} of {lab[1]} is {list(got[a].shape)}: not one function's outputs on these feeds")
     report = compare(expected, got, tolerance=tol.allclose, thresholds=tuple(sorted({*DEFAULT_THRESHOLDS, *tol.thresholds})))
     violations = tuple(tol.check(report))
+    if report.n == 0:  # every output empty on these feeds: nothing compared is not a pass
+        from ..engine.check import _nothing_compared
+
+        violations += (_nothing_compared(report, feeds if isinstance(feeds, Mapping) else {}),)
     alignment = None
     if align or (align is None and violations):
         alignment = _compare(ex_a, ex_b, tol_spec, chunk_bytes, None, floor=compute)

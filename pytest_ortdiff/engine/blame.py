@@ -234,7 +234,9 @@ class BlameTable(Sequence[BlameRow]):
         then "... N more nodes", the summary per module scope, the oracle's verdict."""
         gap = self.gap
         lines = [f"blame: torch evaluator vs onnxruntime {self.provider} {self.dtype}: gap max abs {g(gap.max_abs)}, {gap.mismatches:,}/{gap.n:,} elements differ"]
-        if gap.is_exact:
+        if gap.n == 0:
+            lines.append("  compared 0 elements (every output is empty on these feeds): nothing to blame; feed inputs whose outputs have elements")
+        elif gap.is_exact:
             lines.append("  no discrepancy: nothing to blame")
         top = self.TOP if top is None else top
         shown = self.rows if len(self.rows) <= top + 1 else self.rows[:top]
@@ -992,7 +994,18 @@ def _run_own_feeds(runner: OrtRunner, names: list[str], feeds: Mapping[str, torc
     # model's inputs by construction: its binding's own run, where this onnxruntime has it
     inner = getattr(session, "_sess", None)
     run = inner.run if inner is not None and callable(getattr(inner, "run", None)) else session.run
-    return [torch.from_numpy(_own_array(y)) for y in run(names, arrays, None)]
+    outs = [torch.from_numpy(_own_array(y)) for y in run(names, arrays, None)]
+    if any(t.dtype == torch.uint8 for t in outs):  # (numpy has no float8: onnxruntime hands them back as their bits)
+        declared = runner.output_dtypes
+        outs = [_float8_view(t, declared.get(n)) for n, t in zip(names, outs, strict=True)]
+    return outs
+
+
+def _float8_view(t: torch.Tensor, declared: torch.dtype | None) -> torch.Tensor:
+    """`t` in its declared one-byte floating dtype (a float8) when it holds that dtype's bits as uint8."""
+    if declared is not None and t.dtype == torch.uint8 and declared.is_floating_point and declared.itemsize == 1:
+        return t.view(declared)
+    return t
 
 
 def _own_array(y: np.ndarray) -> np.ndarray:
@@ -1337,7 +1350,7 @@ def _run_both(
         # drifts and the oracle to do by then)
         errors_future = _InCaller().submit(_local_errors, graph, torch_done.result, local_future.result)
         clock.lap("onnxruntime local outputs (one session)")
-    ort_all = ort_future.result()
+    ort_all = _as_torch_dtypes(ort_future.result(), torch_all)
     clock.lap("onnxruntime run (every value), waited for")
     if isinstance(helper, _InCaller):
         drift_future.result()  # (one thread: the onnxruntime run's values are let go before the local outputs come)
@@ -1416,6 +1429,16 @@ def _plan_swaps(runs: _Runs, budget: float | None, clock: _Clock) -> _Plan:
 #: a swap's numbers: the share of the gap it explains, its outputs' max abs error against onnxruntime's and
 #: against torch's, and the oracle's max abs and ULP errors against them (None without the oracle)
 _Measured = tuple[float, float, float, float | None, float | None]
+
+
+def _as_torch_dtypes(ort_all: dict[str, Any], torch_all: Mapping[str, Any]) -> dict[str, Any]:
+    """onnxruntime's every-value run with the float8 values it hands back as their uint8 bits (numpy has no
+    float8) viewed in the dtype the torch run has for them: the two runs' values then compare as values."""
+    for name, value in ort_all.items():
+        ours = torch_all.get(name)
+        if isinstance(value, torch.Tensor) and isinstance(ours, torch.Tensor) and value.shape == ours.shape:
+            ort_all[name] = _float8_view(value, ours.dtype)
+    return ort_all
 
 
 class _Swaps:

@@ -240,11 +240,14 @@ def parse_budget(items: Sequence[str]) -> dict[float, float]:
         try:
             if not sep:
                 raise ValueError
-            budget[float(t)] = float(f)
+            threshold, share = float(t), float(f)
         except ValueError:
             raise ValueError(
                 f"--budget {item!r}: expected THRESHOLD:FRACTION, e.g. --budget 0.01:0.001 (at most 0.1 % of elements off by more than 0.01)"
             ) from None
+        if threshold in budget and budget[threshold] != share:  # (the later one would silently replace the earlier)
+            raise ValueError(f"--budget {item!r}: the threshold {t.strip()} is given twice, with {budget[threshold]:g} and {share:g}: give it once")
+        budget[threshold] = share
     return budget
 
 
