@@ -381,8 +381,19 @@ def test_compare_model_onnxruntime_rejects_is_one_error_line(tmp_path: Path, cap
     assert err.count("\n") == 1
 
 
+def _relu_then(path: Path, op: str, *, domain: str = "") -> Path:
+    """X[a, 4] -> Relu -> op -> Y[a, 4]: a node the torch evaluator computes, then `op`."""
+    nodes = [helper.make_node("Relu", ["X"], ["r"]), helper.make_node(op, ["r"], ["Y"], domain=domain)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["a", 4])], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["a", 4])]
+    )
+    opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
+    return path
+
+
 def test_compare_ort_kernel_runs_the_op_with_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _one_node(tmp_path / "trilu.onnx", "Trilu", domain="com.microsoft")
+    path = _relu_then(tmp_path / "trilu.onnx", "Trilu", domain="com.microsoft")
     rc = main(["compare", str(path), "--dim", "a=2", "--ort-kernel", "com.microsoft::Trilu"])
     out, err = capsys.readouterr()
     assert (rc, err) == (0, "")
@@ -490,11 +501,21 @@ def test_compare_bad_feeds_or_ranges_are_one_error_line(
 
 
 def test_compare_missing_ort_runs_the_ops_without_a_kernel_on_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _one_node(tmp_path / "trilu.onnx", "Trilu", domain="com.microsoft")
+    path = _relu_then(tmp_path / "trilu.onnx", "Trilu", domain="com.microsoft")
     assert main(["compare", str(path), "--dim", "a=2", "--missing=ort"]) == 0
     lines = _report_lines(capsys.readouterr().out)
     assert lines[0].endswith("dims {'a': 2}, seed 0; ops without a torch kernel on onnxruntime")
     assert lines[1:4] == ["passed (atol=0.0001 rtol=0.0001)", "ran on onnxruntime (no torch kernel): com.microsoft::Trilu", "output 'Y'  float32[2x4]  n=8"]
+
+
+def test_compare_with_every_node_on_onnxruntime_is_not_a_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model of one com.microsoft op with --missing=ort passed: onnxruntime compared with itself."""
+    path = _one_node(tmp_path / "trilu.onnx", "Trilu", domain="com.microsoft")
+    for flags in (["--missing=ort"], ["--ort-kernel", "com.microsoft::Trilu"]):
+        assert main(["compare", str(path), "--dim", "a=2", *flags]) == 1
+        lines = _report_lines(capsys.readouterr().out)
+        assert lines[1] == "ortdiff: torch evaluator vs onnxruntime CPU float32: onnxruntime compared with itself, not a pass"
+        assert lines[2].startswith("  - every node ran on onnxruntime") and "the check compared onnxruntime with itself, nothing of the torch evaluator" in lines[2]
 
 
 def test_model_dtype_order() -> None:

@@ -312,14 +312,17 @@ def test_no_kernel(ortdiff):
 
 def test_kernels_passed_through(ortdiff):
     kernels = {("com.microsoft", "Inverse"): "ort", ("com.microsoft", "Trilu"): "ort"}
-    report = ortdiff.check(contrib_model(), FEEDS, kernels=kernels)
+    report = ortdiff.check(contrib_model(relu=True), FEEDS, kernels=kernels)
     assert report.is_exact
     (y,) = ortdiff.run(contrib_model(), FEEDS, runtime="torch", kernels=kernels)
     (expected,) = ortdiff.run(contrib_model(), FEEDS)
     assert y.tolist() == expected.tolist()
 
 def test_missing_ort(ortdiff):
-    assert ortdiff.check(contrib_model(), FEEDS, missing="ort").is_exact
+    assert ortdiff.check(contrib_model(relu=True), FEEDS, missing="ort").is_exact
+
+def test_missing_ort_everywhere(ortdiff):
+    ortdiff.check(contrib_model(), FEEDS, missing="ort")
 
 @pytest.mark.ortdiff(atol=0.5, rtol=0.0)
 def test_missing_ort_broken(ortdiff):
@@ -333,8 +336,15 @@ def test_ops_without_a_kernel_in_a_test(pytester: pytest.Pytester, contrib_sourc
     and the summary row name them."""
     pytester.makepyfile(test_ops=contrib_source + CONTRIB_TESTS)
     result = pytester.runpytest("-rf")
-    result.assert_outcomes(passed=2, failed=2)
+    result.assert_outcomes(passed=2, failed=3)
     ops = "com.microsoft::Inverse, com.microsoft::Trilu"
+    # every node on onnxruntime: onnxruntime compared with itself, which is not a pass
+    result.stdout.fnmatch_lines(
+        [
+            "*OrtDiffFailure: ortdiff: torch evaluator vs onnxruntime CPU float32: onnxruntime compared with itself, not a pass",
+            f"*  - every node ran on onnxruntime ({ops} without a torch kernel): the check compared onnxruntime with itself, nothing of the torch evaluator;*",
+        ]
+    )
     kernels = "{('com.microsoft', 'Inverse'): 'ort', ('com.microsoft', 'Trilu'): 'ort'}"
     result.stdout.fnmatch_lines(
         [

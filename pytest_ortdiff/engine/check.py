@@ -242,6 +242,10 @@ class CheckResult:
                 lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype_label}: compared 0 elements, not a pass")
                 lines += [f"  - {v}" for v in j.violations]
                 continue
+            if any(v.rule == "empty" for v in j.violations):  # (every node on onnxruntime: its histogram is of itself)
+                lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype_label}: onnxruntime compared with itself, not a pass")
+                lines += [f"  - {v}" for v in j.violations if v.rule == "empty"]
+                continue
             lines.append(f"ortdiff: {j.title} {self.provider} {self.dtype_label}: tolerance broken ({self.tolerance.describe()})")
             lines += [f"  - {v}" for v in j.violations]
             lines.append(j.report.render())
@@ -560,6 +564,8 @@ class Checker:
             violations = tuple(tol.check(report))
             if not report.n:  # every output empty: nothing was compared, which must not read as a pass
                 violations += (_nothing_compared(report, feeds),)
+            elif ev.computes_nothing:  # every node on onnxruntime: onnxruntime compared with itself, not a pass either
+                violations += (_nothing_checked(ran_on_ort),)
             return Judgement(title, report, violations, suffix)
 
         closer = None
@@ -590,7 +596,7 @@ class Checker:
             judged_dtype=judged if judged != self.dtype else None,
         )
         if not result.passed:
-            if not result.report.n:
+            if not result.report.n or ev.computes_nothing:
                 raise NothingCompared(result.render(), result)  # (no blame: there is no gap to explain)
             if tf32_in_play(self.provider, self.dtype, self.effective_options()):
                 result = replace(result, notes=(*result.notes, tf32_line(self.effective_options())))
@@ -763,6 +769,16 @@ def _nothing_compared(report: DiffReport, feeds: Mapping[str, Any]) -> Violation
     else:
         why = " for the feeds given; feed inputs for which the model's outputs have elements"
     return Violation("empty", f"compared 0 elements: every output is empty ({outputs}){why}")
+
+
+def _nothing_checked(ran_on_ort: Sequence[str]) -> Violation:
+    """The violation of a check in which every node ran on onnxruntime: nothing of the torch evaluator was checked."""
+    ops = f" ({', '.join(ran_on_ort)} without a torch kernel)" if ran_on_ort else ""
+    return Violation(
+        "empty",
+        f"every node ran on onnxruntime{ops}: the check compared onnxruntime with itself, nothing of the torch evaluator; "
+        "check a model the evaluator computes a node of (or give it a kernel: kernels={op: callable})",
+    )
 
 
 def _as_tolerance(tolerance: ToleranceLike) -> Tolerance:

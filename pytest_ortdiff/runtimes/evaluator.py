@@ -1032,6 +1032,15 @@ class TorchEvaluator:
         return OrtKernel(node, ctx, self.opsets, self._facts.value_types, constants=self._facts.constants)
 
     @property
+    def computes_nothing(self) -> bool:
+        """Whether every node that computes (all but Constant and Identity) runs on onnxruntime (`missing="ort"`,
+        "ort" overrides): a check of this evaluator against onnxruntime then compares onnxruntime with itself."""
+        from .ort_kernel import OrtKernel
+
+        computing = [k for k in self._kernels if k.node.op_type not in ("Constant", "Identity")]
+        return bool(computing) and all(isinstance(k, OrtKernel) for k in computing)
+
+    @property
     def constants(self) -> frozenset[str]:
         """The names of the model's constant values: initializers (of bodies too) and Constant outputs."""
         return self._facts.constants
