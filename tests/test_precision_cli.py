@@ -82,7 +82,7 @@ def test_precision_with_feeds_from_a_file(
     ("extra", "message"),
     [
         (["--budget", "0.01"], "--budget '0.01': expected THRESHOLD:FRACTION"),
-        (["--samples", "0"], "--samples 0: expected at least one sample"),
+        (["--samples", "0"], "--samples 0: expected 1 to 1,000 samples"),
         (["--provider", "nope"], "unknown provider 'nope'"),
         (["--dim", "batch=2"], "the model's inputs have symbolic dims ['n']"),
     ],

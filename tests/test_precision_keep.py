@@ -479,10 +479,11 @@ def test_precision_command_whose_write_fails_prints_the_list_first(cli: Any, tmp
     path = tmp_path / "softmax.onnx"
     onnx.save(models.fp16_hazards("softmax", dtype="float32"), str(path))
     out = tmp_path / "half.onnx"
-    out.write_bytes(b"the model that was there\n")
+    onnx.save(models.fp16_hazards("softmax", dtype="float16"), str(out))  # (an earlier conversion: a model, so replaceable)
+    before = out.read_bytes()
     with file_size_limit(64):
         result = cli("precision", str(path), "--dim", "batch=2", "--dim", "n=64", "--samples", "2", "--budget", "0.01:0.01,0.1:0", "--write-converted", str(out))
     assert result.returncode == 2
     assert "keep in float32: 3 nodes, 1-minimal" in result.stdout and "status: verified" in result.stdout
     assert result.stderr.startswith(f"error: --write-converted {out}: ") and "(the list above stands; what was at that path is untouched)" in result.stderr
-    assert out.read_bytes() == b"the model that was there\n"
+    assert out.read_bytes() == before
