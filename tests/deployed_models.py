@@ -8,6 +8,8 @@ builder straight from the transformers checkpoint) and the deployment steps appl
 - `opt`: `onnxruntime.transformers.optimizer.optimize_model` with the model type a user picks for the
   architecture (Llama-family decoders: "gpt2", as onnxruntime's Llama scripts do) at its default level;
   `opt99`: the same at level 99 (onnxruntime's ORT_ENABLE_ALL first: NCHWc layout ops for convolutions);
+- `optimumO2` / `optimumO3`: what optimum's ORTOptimizer writes at `--optimize O2` / `O3` (opt_level 2,
+  optimum's fusion defaults; O3 approximates Gelu: FastGelu);
 - `fp16` / `fp16io`: the optimizer's `convert_float_to_float16` with `keep_io_types=True` (its default:
   float16 compute behind float32 inputs and outputs) / `False` (float16 inputs and outputs);
 - `qdyn`: `quantize_dynamic` (uint8 weights); `qdq`: `quantize_static` in QDQ format, calibrated on random
@@ -270,6 +272,26 @@ def _optimize(arch: Arch, src: Path, dst: Path, level: int | None) -> None:
     opt.save_model_to_file(str(dst))
 
 
+def _optimum(arch: Arch, src: Path, dst: Path, gelu_approximation: bool) -> None:
+    """What optimum's `ORTOptimizer` writes at `AutoOptimizationConfig.O2()` / `O3()` (optimum pins transformers
+    below 5, so the corpus makes its call itself): optimize_model at opt_level 2 with the fusion options of
+    optimum's OptimizationConfig defaults (EmbedLayerNormalization and GroupNorm fusions off, packed KV off), and
+    at O3 the Gelu approximation on (FastGelu where the model has an exact Gelu)."""
+    import argparse
+
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    parser = argparse.ArgumentParser()
+    FusionOptions.add_arguments(parser)
+    flags = ["--disable_embed_layer_norm", "--disable_group_norm", "--disable_packed_kv", *(["--enable_gelu_approximation"] if gelu_approximation else [])]
+    args = parser.parse_args(flags)
+    args.model_type = arch.optimizer
+    options = FusionOptions.parse(args)
+    opt = optimize_model(str(src), model_type=arch.optimizer, num_heads=arch.heads, hidden_size=arch.hidden, opt_level=2, optimization_options=options)
+    opt.save_model_to_file(str(dst))
+
+
 def _float16(arch: Arch, src: Path, dst: Path, keep_io_types: bool) -> None:
     from onnxruntime.transformers.onnx_model import OnnxModel
 
@@ -322,6 +344,8 @@ def _int4(arch: Arch, src: Path, dst: Path, *, symmetric: bool = True, accuracy_
 STEPS: dict[str, Callable[[Arch, Path, Path], None]] = {
     "opt": lambda a, s, d: _optimize(a, s, d, None),
     "opt99": lambda a, s, d: _optimize(a, s, d, 99),
+    "optimumO2": lambda a, s, d: _optimum(a, s, d, False),
+    "optimumO3": lambda a, s, d: _optimum(a, s, d, True),
     "fp16": lambda a, s, d: _float16(a, s, d, True),
     "fp16io": lambda a, s, d: _float16(a, s, d, False),
     "qdyn": _quantize_dynamic,
@@ -414,6 +438,7 @@ def _forms() -> dict[str, Form]:
             out.append(Form(arch.name, exporter, ("qdq",)))
             out += [Form(arch.name, exporter, (q,)) for q in ("int4", "int4a", "int4acc4")]
         out.append(Form(arch.name, arch.exporters[-1], ("opt99",)))
+        out += [Form(arch.name, exporter, (level,)) for exporter in arch.exporters for level in ("optimumO2", "optimumO3")]
         out.append(Form(arch.name, arch.exporters[-1], ("opt", "int4")))
         if arch.genai:
             out += [Form(arch.name, v, needs=("onnxruntime-genai",)) for v in GENAI]
@@ -434,6 +459,7 @@ DEFAULT: tuple[str, ...] = (
     "bert-torchscript-qdyn",  # DynamicQuantizeLinear, MatMulInteger
     "bert-torchscript-qdq",
     "gpt2-torchscript-opt",  # FastGelu, SkipLayerNormalization
+    "bert-torchscript-optimumO3",  # optimum's O3: opt_level 2, Gelu approximated (FastGelu), no EmbedLayerNormalization
     "llama-dynamo",
     "llama-dynamo-opt",  # SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization
     "llama-dynamo-fp16",
