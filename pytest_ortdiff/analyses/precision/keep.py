@@ -379,8 +379,10 @@ def convert_half(
         op_block_list=blocked,
     )
     _merge_identical_nodes(out.graph)
+    _place_body_casts(out)
     _drop_cast_pairs(out)
-    _sort_topologically(out.graph)
+    for graph in iter_graphs(out.graph):
+        _sort_topologically(graph)
     if half == "bfloat16":
         _retype_bfloat16(out, src)
     return out
@@ -399,6 +401,41 @@ def _merge_identical_nodes(graph: onnx.GraphProto) -> None:
     if len(kept) < len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)
+
+
+def _place_body_casts(model: onnx.ModelProto) -> None:
+    """onnxruntime's converter appends the Casts around a float32 node inside a body (an If branch, a Loop or
+    Scan body) to the main graph, where the body's values are out of scope: the branch's output is then
+    written by a node outside the branch, and onnxruntime refuses the model ("Graph output (t) does not exist
+    in the graph"). Each Cast of the main graph that reads a value of a body goes into that body (with its
+    value_info); one reading a value of the main graph stays, where every body sees what it writes."""
+    top = model.graph
+    home: dict[str, onnx.GraphProto] = {}  # a body's value -> the body
+    for graph in list(iter_graphs(top))[1:]:
+        names = [*(x.name for x in graph.input), *(t.name for t in graph.initializer)]
+        names += [o for n in graph.node for o in n.output if o]
+        home.update((x, graph) for x in names)
+    infos = {vi.name: vi for vi in top.value_info}
+    moved: list[onnx.NodeProto] = []
+    todo = [n for n in top.node if n.op_type == "Cast" and n.input and n.output]
+    while True:  # (a Cast reading what a moved Cast writes goes into its body too)
+        now = [n for n in todo if n.input[0] in home]
+        if not now:
+            break
+        for node in now:
+            body = home[node.input[0]]
+            body.node.append(node)
+            home[node.output[0]] = body
+            for x in (node.input[0], node.output[0]):
+                if x in infos:
+                    body.value_info.append(infos.pop(x))
+        moved += now
+        todo = [n for n in todo if all(n is not m for m in now)]
+    if not moved:
+        return
+    ids = {id(n) for n in moved}  # (`moved` holds them: the ids stay theirs)
+    _delete(top.node, lambda n: id(n) in ids)
+    _delete(top.value_info, lambda vi: vi.name not in infos)
 
 
 def _sort_topologically(graph: onnx.GraphProto) -> None:
@@ -469,23 +506,32 @@ def _to_float_cast(node: onnx.NodeProto) -> bool:
 
 def _drop_cast_pairs(model: onnx.ModelProto) -> None:
     """Removes the converter's Cast(float16) → Cast(float32) round trips between float32 values: the reader
-    of the second Cast reads the first one's float32 input."""
-    graph = model.graph
-    producer = {o: n for n in graph.node for o in n.output}
-    outputs = {o.name for o in graph.output}
+    of the second Cast reads the first one's float32 input. In every graph: a body reads the main graph's
+    values (the second Cast is in the first one's graph, or in a body of it)."""
+    graphs = list(iter_graphs(model.graph))
+    # (held to the end: protobuf gives the same node object while one is alive, so ids stay the nodes')
+    nodes = [(n, g_) for g_ in graphs for n in g_.node]
+    home = {id(n): g_ for n, g_ in nodes}
+    producer = {o: n for n, _ in nodes for o in n.output}
+    outputs = {o.name for g_ in graphs for o in g_.output}
     rename: dict[str, str] = {}  # value read -> the float32 value to read instead
     # float32 value -> the graph output its producer now writes
     renamed_outputs: dict[str, str] = {}
     drop: set[int] = set()
-    for node in graph.node:
+    for node, _ in nodes:
         first = producer.get(node.input[0]) if _to_float_cast(node) else None
         if first is None or not _to_half_cast(first):
             continue
         src = first.input[0]
         if node.output[0] in outputs:
-            # the graph output: the kept node writes it itself (its name stays the model's)
+            # the graph output: the kept node writes it itself (its name stays the model's), in its own graph
             src_node = producer.get(src)
-            if src_node is None or src in outputs or src in renamed_outputs:
+            if (
+                src_node is None
+                or src in outputs
+                or src in renamed_outputs
+                or home[id(src_node)] is not home[id(node)]
+            ):
                 continue
             src_node.output[list(src_node.output).index(src)] = node.output[0]
             renamed_outputs[src] = node.output[0]
@@ -494,20 +540,28 @@ def _drop_cast_pairs(model: onnx.ModelProto) -> None:
         drop.add(id(node))
     if not drop:
         return
-    kept = [n for n in graph.node if id(n) not in drop]
-    for n in kept:
-        for i, x in enumerate(n.input):
-            x = rename.get(x, x)
-            n.input[i] = renamed_outputs.get(x, x)
+    read: set[str] = set(outputs)
+    for graph in graphs:
+        _delete(graph.node, lambda n: id(n) in drop)
+        for n in graph.node:
+            for i, x in enumerate(n.input):
+                x = rename.get(x, x)
+                n.input[i] = renamed_outputs.get(x, x)
+            read.update(n.input)
     # a to-half Cast nobody reads any more goes too
-    read = {x for n in kept for x in n.input} | outputs
-    kept = [n for n in kept if not (_to_half_cast(n) and n.output[0] not in read)]
-    del graph.node[:]
-    graph.node.extend(kept)
-    live = {o for n in kept for o in n.output} | {i.name for i in graph.input}
-    vis = [vi for vi in graph.value_info if vi.name in live]
-    del graph.value_info[:]
-    graph.value_info.extend(vis)
+    live = {i.name for g_ in graphs for i in g_.input}
+    for graph in graphs:
+        _delete(graph.node, lambda n: _to_half_cast(n) and n.output[0] not in read)
+        live.update(o for n in graph.node for o in n.output)
+    for graph in graphs:
+        _delete(graph.value_info, lambda vi: vi.name not in live)
+
+
+def _delete(items: Any, gone: Callable[[Any], bool]) -> None:
+    """Deletes the elements `gone` says of a repeated protobuf field in place: the others (a node whose body a
+    caller holds) stay the same objects, as deleting and extending would not keep them."""
+    for i in reversed([i for i, x in enumerate(items) if gone(x)]):
+        del items[i]
 
 
 def _retype_bfloat16(model: onnx.ModelProto, src: onnx.ModelProto) -> None:

@@ -1,0 +1,160 @@
+"""precision (convert_half, keep_float32, audit, the command) on graphs beyond a plain chain: If and Loop
+bodies that read the main graph's values, a graph that lists one output twice, a node onnxruntime has no
+float16 kernel for, and feeds for which every output is empty."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+import torch
+from onnx import numpy_helper
+
+from pytest_ortdiff import TorchEvaluator
+from pytest_ortdiff.analyses.precision import keep_float32
+from pytest_ortdiff.analyses.precision.keep import (
+    OP_TYPE_BLOCK_LIST,
+    _default_op_block_list,
+    convert_half,
+)
+from pytest_ortdiff.runtimes.ort import OrtRunner
+
+F = onnx.TensorProto.FLOAT
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+def _model(graph: onnx.GraphProto, *extra: onnx.OperatorSetIdProto) -> onnx.ModelProto:
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), *extra])
+    model.ir_version = 9
+    return model
+
+
+def if_model() -> onnx.ModelProto:
+    """x: f32[2,4] -> ReduceSum -> Greater(0) -> If, its branches (Relu / Neg) reading the main graph's x."""
+    then = oh.make_graph([oh.make_node("Relu", ["x"], ["t"])], "then", [], [oh.make_tensor_value_info("t", F, (2, 4))])
+    other = oh.make_graph([oh.make_node("Neg", ["x"], ["e"])], "else", [], [oh.make_tensor_value_info("e", F, (2, 4))])
+    graph = oh.make_graph(
+        [
+            oh.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            oh.make_node("Greater", ["s", "z"], ["c"]),
+            oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", F, (2, 4))],
+        [oh.make_tensor_value_info("y", F, (2, 4))],
+        initializer=[numpy_helper.from_array(np.array(0, np.float32), "z")],
+    )
+    return _model(graph)
+
+
+def loop_model() -> onnx.ModelProto:
+    """Loop x3 of v * 2 (a float32 value carried through the body)."""
+    body = oh.make_graph(
+        [oh.make_node("Identity", ["cond_in"], ["cond_out"]), oh.make_node("Mul", ["v_in", "two"], ["v_out"])],
+        "body",
+        [
+            oh.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+            oh.make_tensor_value_info("cond_in", onnx.TensorProto.BOOL, []),
+            oh.make_tensor_value_info("v_in", F, (2, 4)),
+        ],
+        [oh.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []), oh.make_tensor_value_info("v_out", F, (2, 4))],
+    )
+    graph = oh.make_graph(
+        [oh.make_node("Loop", ["M", "c0", "x"], ["y"], body=body)],
+        "g",
+        [oh.make_tensor_value_info("x", F, (2, 4))],
+        [oh.make_tensor_value_info("y", F, (2, 4))],
+        initializer=[
+            numpy_helper.from_array(np.array(3, np.int64), "M"),
+            numpy_helper.from_array(np.array(True), "c0"),
+            numpy_helper.from_array(np.array(2, np.float32), "two"),
+        ],
+    )
+    return _model(graph)
+
+
+def _x(seed: int = 0) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(2, 4, generator=torch.Generator().manual_seed(seed))}
+
+
+# -- control flow --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", [if_model, loop_model], ids=["if", "loop"])
+def test_convert_half_keeps_a_body_node_in_float32_inside_its_body(build: Callable[[], onnx.ModelProto]) -> None:
+    """onnxruntime's converter writes the Casts around a float32 node of a body (the op-type block list's Relu
+    in the If branch, Mul in the Loop body) into the main graph, out of the body's scope: onnxruntime refused
+    the model ("Graph output (t) does not exist in the graph") and the evaluator ran into a KeyError.
+    convert_half puts them in the body: the model passes onnx.checker, and onnxruntime and the torch evaluator
+    run it to the same values as the float32 model's within float16's rounding."""
+    model = build()
+    ops = sorted(set(_default_op_block_list()) | set(OP_TYPE_BLOCK_LIST))
+    converted = convert_half(model, op_block_list=ops)
+    onnx.checker.check_model(converted, full_check=True)
+    feeds = _x()
+    (want,) = TorchEvaluator(model).run(None, feeds)
+    (ort,) = OrtRunner(converted.SerializeToString()).run(None, feeds)
+    (ev,) = TorchEvaluator(converted).run(None, feeds)
+    assert torch.allclose(ort, want, atol=2e-2, rtol=1e-2) and torch.allclose(ev, want, atol=2e-2, rtol=1e-2)
+    # the kept node computes in float32 in its body; the Casts around it are there too
+    bodies = [g for n in converted.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH for g in [a.g]]
+    assert not any(n.op_type == "Cast" and n.name.endswith(("_cast_to_fp16_node", "_cast_to_fp32_node")) for n in converted.graph.node)
+    assert any(n.op_type in ("Relu", "Mul") for b in bodies for n in b.node)
+
+
+@pytest.mark.parametrize("build", [if_model, loop_model], ids=["if", "loop"])
+def test_keep_float32_on_control_flow_gives_an_audit_and_a_verified_list(build: Callable[[], onnx.ModelProto]) -> None:
+    """keep_float32 crashed on any If or Loop model (the op-type block list's conversion: `KeyError:
+    'graph_input_cast_0_cast_to_fp32'`, `torch kernel Cast failed on node 'v_in_cast_to_fp32_node'`)."""
+    report = keep_float32(build(), [_x(0), _x(1)])
+    assert report.status == "nothing to keep" and report.verified, report.render()
+    assert report.audit is not None and report.audit.nodes
+    assert all(o.ran for r in report.results for o in r.outcomes), report.render()
+    assert report.converted_model is not None
+    onnx.checker.check_model(report.converted_model, full_check=True)
+
+
+def test_keep_float32_keeps_the_nodes_of_a_branch_that_overflows() -> None:
+    """A branch x * 1e6 * 1e-6 overflows float16 in its first Mul: the list keeps both Muls of the branch,
+    and the model converted with it meets the tolerance on onnxruntime and in float16 arithmetic."""
+    then = oh.make_graph(
+        [oh.make_node("Mul", ["x", "big"], ["a"], name="up"), oh.make_node("Mul", ["a", "small"], ["t"], name="down")],
+        "then",
+        [],
+        [oh.make_tensor_value_info("t", F, (2, 4))],
+    )
+    model = if_model()
+    model.graph.node[2].attribute[1 if model.graph.node[2].attribute[0].name == "else_branch" else 0].g.CopyFrom(then)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(-100, np.float32), "z"))  # always then
+    model.graph.initializer.extend(
+        [numpy_helper.from_array(np.array(1e6, np.float32), "big"), numpy_helper.from_array(np.array(1e-6, np.float32), "small")]
+    )
+    onnx.checker.check_model(model)
+    report = keep_float32(model, [_x(0), _x(1)])
+    assert report.status == "verified" and sorted(report.keep) == ["down", "up"], report.render()
+    assert report.result("no list").error == float("inf")
+    converted = report.converted_model
+    assert converted is not None
+    onnx.checker.check_model(converted, full_check=True)
+    (got,) = OrtRunner(converted.SerializeToString()).run(None, _x(2))
+    assert torch.allclose(got, _x(2)["x"], atol=1e-2, rtol=1e-2)
+
+
+def test_precision_command_on_an_if_model(cli: Callable[..., Any], tmp_path: Path) -> None:
+    path = _save(if_model(), tmp_path / "if.onnx")
+    out = tmp_path / "if16.onnx"
+    result = cli("precision", str(path), "--write-converted", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "float16 range audit of 'g'" in result.stdout and "status: nothing to keep" in result.stdout
+    assert "not run" not in result.stdout
+    (got,) = OrtRunner(str(out)).run(None, _x())
+    assert torch.allclose(got, TorchEvaluator(if_model()).run(None, _x())[0], atol=1e-2)
