@@ -158,3 +158,50 @@ def test_precision_command_on_an_if_model(cli: Callable[..., Any], tmp_path: Pat
     assert "not run" not in result.stdout
     (got,) = OrtRunner(str(out)).run(None, _x())
     assert torch.allclose(got, TorchEvaluator(if_model()).run(None, _x())[0], atol=1e-2)
+
+
+# -- an output listed twice ----------------------------------------------------------------------------
+
+
+def dup_out_model() -> onnx.ModelProto:
+    """x -> Relu -> y, the graph listing y twice (valid ONNX: compare and diff take it)."""
+    out = oh.make_tensor_value_info("y", F, (2, 4))
+    graph = oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "g", [oh.make_tensor_value_info("x", F, (2, 4))], [out, out])
+    return _model(graph)
+
+
+@pytest.mark.parametrize("ops", [None, ["Relu"]], ids=["converted", "kept"])
+def test_convert_half_writes_one_cast_for_an_output_listed_twice(ops: list[str] | None) -> None:
+    """keep_io_types makes the converter write one Cast per entry of the output list (`graph_output_cast0`
+    and `graph_output_cast1`, both writing y, the first reading a value nothing writes): convert_half keeps
+    the one whose input is computed; both entries still come out, on onnxruntime and in the evaluator."""
+    converted = convert_half(dup_out_model(), op_block_list=ops)
+    onnx.checker.check_model(converted, full_check=True)
+    assert [o.name for o in converted.graph.output] == ["y", "y"]
+    assert sum("y" in n.output for n in converted.graph.node) == 1
+    feeds = _x()
+    want = torch.relu(feeds["x"])
+    for got in (OrtRunner(converted.SerializeToString()).run(None, feeds), TorchEvaluator(converted).run(None, feeds)):
+        assert len(got) == 2 and all(torch.allclose(g, want, atol=1e-2) for g in got)
+
+
+def test_precision_command_on_an_output_listed_twice(cli: Callable[..., Any], tmp_path: Path) -> None:
+    """Was exit 2: "value 'y' is the output of 2 nodes ...: onnxruntime 1.31's convert_float_to_float16 writes
+    one such Cast per consumer: convert with onnxruntime >= 1.32", on onnxruntime 1.32 too."""
+    result = cli("precision", str(_save(dup_out_model(), tmp_path / "dup_out.onnx")))
+    assert result.returncode == 0, result.stderr
+    assert "status: nothing to keep" in result.stdout and "not run" not in result.stdout
+
+
+def test_two_writers_of_an_output_are_not_blamed_on_onnxruntime_131() -> None:
+    """The evaluator's one line for a value written twice names onnxruntime 1.31's converter only where its
+    graph is what 1.31 writes (identical Casts): for the Casts of an output listed twice it names what wrote
+    them and the fix."""
+    import copy
+
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    converted = convert_float_to_float16(copy.deepcopy(dup_out_model()), keep_io_types=True)
+    with pytest.raises(ValueError, match=r"'y' is the output of 2 nodes \('graph_output_cast0' \(Cast\), 'graph_output_cast1' \(Cast\)\)") as info:
+        TorchEvaluator(converted, check_model=False)
+    assert "1.31" not in str(info.value) and "lists twice" in str(info.value) and "convert_half" in str(info.value)

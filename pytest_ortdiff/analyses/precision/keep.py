@@ -379,6 +379,7 @@ def convert_half(
         op_block_list=blocked,
     )
     _merge_identical_nodes(out.graph)
+    _one_output_cast(out.graph)
     _place_body_casts(out)
     _drop_cast_pairs(out)
     for graph in iter_graphs(out.graph):
@@ -401,6 +402,33 @@ def _merge_identical_nodes(graph: onnx.GraphProto) -> None:
     if len(kept) < len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)
+
+
+def _one_output_cast(graph: onnx.GraphProto) -> None:
+    """A graph that lists an output twice (valid ONNX): keep_io_types makes the converter write one Cast to
+    float32 per entry of the list (`graph_output_cast0`, `graph_output_cast1`), each writing the output, and
+    only the last one's input is computed (the others read a value nothing writes). The one whose input is
+    computed stays; the output is still listed twice."""
+    defined = {x.name for x in graph.input} | {t.name for t in graph.initializer}
+    defined |= {o for n in graph.node for o in n.output if o}
+    writers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        if _cast_to(node) == onnx.TensorProto.FLOAT and re.fullmatch(r"graph_output_cast\d+", node.name):
+            writers.setdefault(node.output[0], []).append(node)
+    gone: set[int] = set()
+    dangling: set[str] = set()
+    for casts in writers.values():
+        if len(casts) < 2:
+            continue
+        keep = next((n for n in casts if n.input[0] in defined), casts[-1])
+        for n in casts:
+            if n is not keep:
+                gone.add(id(n))
+                if n.input[0] not in defined:
+                    dangling.add(n.input[0])
+    if gone:  # (`writers` holds the nodes: the ids stay theirs)
+        _delete(graph.node, lambda n: id(n) in gone)
+        _delete(graph.value_info, lambda vi: vi.name in dangling)
 
 
 def _place_body_casts(model: onnx.ModelProto) -> None:
