@@ -205,3 +205,66 @@ def test_two_writers_of_an_output_are_not_blamed_on_onnxruntime_131() -> None:
     with pytest.raises(ValueError, match=r"'y' is the output of 2 nodes \('graph_output_cast0' \(Cast\), 'graph_output_cast1' \(Cast\)\)") as info:
         TorchEvaluator(converted, check_model=False)
     assert "1.31" not in str(info.value) and "lists twice" in str(info.value) and "convert_half" in str(info.value)
+
+
+# -- a node onnxruntime has no float16 kernel for --------------------------------------------------------
+
+
+def cdist_model() -> onnx.ModelProto:
+    """One com.microsoft::CDist node: no torch kernel (missing="ort" runs it on onnxruntime), and its schema
+    takes float and double only ("Type 'tensor(float16)' of input parameter ... is invalid")."""
+    graph = oh.make_graph(
+        [oh.make_node("CDist", ["x", "x"], ["y"], domain="com.microsoft")],
+        "g",
+        [oh.make_tensor_value_info("x", F, (3, 4))],
+        [oh.make_tensor_value_info("y", F, (3, 3))],
+    )
+    return _model(graph, oh.make_opsetid("com.microsoft", 1))
+
+
+def test_keep_float32_keeps_a_node_onnxruntime_cannot_compute_in_float16() -> None:
+    """missing="ort": the simulation ran CDist in float16 on onnxruntime, which refused it (a RuntimeError out
+    of keep_float32). The node stays float32 in every list, the report says why, and the lists verify."""
+    feeds = [{"x": torch.randn(3, 4, generator=torch.Generator().manual_seed(s))} for s in range(2)]
+    report = keep_float32(cdist_model(), feeds, missing="ort")
+    assert report.verified and report.status == "nothing to keep", report.render()
+    assert "CDist_0" in report.always_float32 and "CDist_0" not in report.keep
+    assert all(o.ran and o.passed for r in report.results for o in r.outcomes), report.render()
+    assert any("cannot compute in float16: 'CDist_0' (com.microsoft::CDist)" in n for n in report.notes), report.notes
+    converted = report.converted_model
+    assert converted is not None
+    assert [n.op_type for n in converted.graph.node if n.name == "CDist_0"] == ["CDist"]
+    (got,) = OrtRunner(converted.SerializeToString()).run(None, feeds[0])
+    assert torch.allclose(got, torch.cdist(feeds[0]["x"], feeds[0]["x"]) ** 2, atol=1e-4)  # (sqeuclidean, its default)
+
+
+def test_precision_and_blame_commands_on_a_node_onnxruntime_cannot_compute_in_float16(cli: Callable[..., Any], tmp_path: Path) -> None:
+    """`precision --missing ort` keeps CDist in float32 and says so (was a RuntimeError traceback); `blame
+    --dtype float16` on the model converted with every node is one error line, as `compare` gives for it."""
+    path = _save(cdist_model(), tmp_path / "cdist.onnx")
+    result = cli("precision", str(path), "--missing", "ort")
+    assert result.returncode == 0, result.stderr
+    assert "note: kept in float32 in every list: 1 node run on onnxruntime (missing='ort') that it cannot compute in float16" in result.stdout
+    compare = cli("compare", str(path), "--missing", "ort", "--dtype", "float16")
+    blame = cli("blame", str(path), "--missing", "ort", "--dtype", "float16")
+    for r in (compare, blame):
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith(f"error: onnxruntime cannot run {path}: ") and "Type 'tensor(float16)'" in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_checker_blame_raises_what_check_raises_when_onnxruntime_refuses_the_model() -> None:
+    """Checker.blame raised the evaluator's RuntimeError around the node run on onnxruntime; it raises
+    OrtRunError (check's error for onnxruntime refusing a model) with onnxruntime's first line."""
+    from pytest_ortdiff.analyses.precision.keep import convert_half
+    from pytest_ortdiff.engine.check import Checker, OrtRunError
+
+    converted = convert_half(cdist_model(), op_block_list=[])
+    feeds = {"x": torch.randn(3, 4, generator=torch.Generator().manual_seed(0))}
+    checker = Checker("CPU", "float16")
+    with pytest.raises(OrtRunError) as check:
+        checker.check(converted, feeds, missing="ort")
+    with pytest.raises(OrtRunError) as blame:
+        checker.blame(converted, feeds, missing="ort")
+    for info in (check, blame):
+        assert "Type 'tensor(float16)' of input parameter" in info.value.detail and "\n" not in info.value.detail

@@ -14,7 +14,7 @@ import copy
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,6 +28,7 @@ from ...numerics.formatting import g, table
 from ...numerics.tolerance import parse_budget  # (the command line's; kept importable from here)
 from ...runtimes.evaluator import TorchEvaluator
 from ...runtimes.model_io import check_model, has_subgraph, iter_graphs, load_model
+from ...runtimes.ort_kernel import OrtKernel
 from .audit import AuditReport, audit
 
 if TYPE_CHECKING:
@@ -687,6 +688,11 @@ class _Simulator:
         switched = set(candidates) | set(self.init_inputs)
         plain = TorchEvaluator(model, device=device, check_model=False, missing=missing)
         kernels = {n.name: (n, k) for n, k, _ in plain.iter_kernels() if n.name in switched}
+        #: the candidates onnxruntime runs (missing="ort"): its kernels may not take the half type
+        self.on_ort = frozenset(n for n in candidates if isinstance(kernels[n][1], OrtKernel))
+        #: node -> why it stays float32: onnxruntime refused to compute it in the half type (`probe`)
+        self.no_half: dict[str, str] = {}
+        self.probing = False
         self.rounded = _Rounded(initializers, half, device)
         self.lowered: frozenset[str] = frozenset()
         self.shared: frozenset[str] = frozenset()  # initializers stored in the half type this run
@@ -713,6 +719,10 @@ class _Simulator:
                 outs = plain.run(*[_as(x, torch.float32, dtype) for x in xs])
             # the evaluator names the node; say what the simulation asked of it
             except Exception as exc:
+                if self.probing and _refused_by_onnxruntime(exc):
+                    text = str(exc).strip()
+                    self.no_half[name] = text.splitlines()[0][:300] if text else type(exc).__name__
+                    return tuple(plain.run(*xs))
                 raise RuntimeError(
                     f"{node.op_type} node {name!r} cannot compute in {half} in the torch evaluator: {exc}"
                 ) from exc
@@ -742,6 +752,20 @@ class _Simulator:
 
         return run
 
+    def probe(self, feeds: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        """The nodes run on onnxruntime (missing="ort") that it refuses to compute in the half type (no
+        kernel for it, or an op schema without the type: com.microsoft's CDist), each run in the half type on
+        every input: they stay float32 whatever the list, as the converted model must keep them. Node -> the
+        first line of onnxruntime's refusal."""
+        if self.on_ort:
+            self.probing = True
+            try:
+                for f in feeds:
+                    self.run(f, self.on_ort)
+            finally:
+                self.probing = False
+        return dict(self.no_half)
+
     def run(
         self, feeds: Mapping[str, Any], lowered: frozenset[str], observe: Any = None
     ) -> list[Any]:
@@ -758,6 +782,15 @@ class _Simulator:
                 for o in outs
             ]
         return list(outs)
+
+
+def _refused_by_onnxruntime(exc: BaseException) -> bool:
+    """onnxruntime refused the node at this type: no kernel for it (NOT_IMPLEMENTED), or a schema without the
+    type ("Type 'tensor(float16)' of input parameter (i0) of operator (CDist) ... is invalid")."""
+    from ...engine.check import _from_onnxruntime
+    from ...runtimes.ort import UnsupportedByProviderError
+
+    return isinstance(exc, UnsupportedByProviderError) or _from_onnxruntime(exc)
 
 
 class _Rounded(dict[str, torch.Tensor]):
@@ -1338,6 +1371,10 @@ def keep_float32(
     )
     nodes = _Nodes.of(named)
     sim = _Simulator(named, half, nodes.candidates, nodes.floats, keep_io_types=keep_io_types, device=device, missing=missing)
+    no_half = sim.probe(feeds)  # nodes onnxruntime runs and cannot run in the half type: float32, whatever the list
+    if no_half:
+        nodes = replace(nodes, candidates=nodes.candidates - set(no_half), forced=tuple(no_half))
+        sim.candidates = nodes.candidates
     search = _Search(sim, feeds, _oracle(named, feeds, device, missing), checker, max_runs, report)
     flagged = tuple(
         n.node_name or n.name for n in report.flagged if (n.node_name or n.name) in nodes.candidates
@@ -1363,10 +1400,10 @@ def keep_float32(
         runs=search.runs,
         subsets=len(search.cache),
         results=tuple(results),
-        always_float32=tuple(n.name for n in nodes.all_nodes if n.op_type in nodes.default_blocked),
+        always_float32=tuple(n.name for n in nodes.all_nodes if n.op_type in nodes.default_blocked or n.name in no_half),
         ops={n.name: n.op_type for n in nodes.all_nodes if n.name in keep},
         named=renamed,
-        notes=_keep_notes(checker.provider, half, status, converted_ours),
+        notes=(*_no_half_notes(nodes, no_half, half), *_keep_notes(checker.provider, half, status, converted_ours)),
         audit=report,
         _converted=converted_ours if status in ("verified", "nothing to keep", "stopped") else None,
     )
@@ -1417,6 +1454,9 @@ class _Nodes:
     default_blocked: set[str]
     floats: set[str]
     candidates: frozenset[str]
+    #: nodes kept in float32 in every conversion besides the converter's op types: onnxruntime runs them and has
+    #: no half-precision kernel for them
+    forced: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, named: onnx.ModelProto) -> _Nodes:
@@ -1466,7 +1506,7 @@ class _Lists:
             )
         ops = sorted(self.nodes.default_blocked | blocked_ops)
         converted = convert_half(
-            self.named, nodes, dtype=self.half, keep_io_types=self.keep_io_types, op_block_list=ops
+            self.named, [*nodes, *self.nodes.forced], dtype=self.half, keep_io_types=self.keep_io_types, op_block_list=ops
         )
         ort, arith = _verify(
             converted, search.feeds, search.judge, self.checker.provider, self.checker.device, self.half, self.keep_io_types, self.missing
@@ -1522,6 +1562,19 @@ def _compared_lists(
     )
     results.append(lists.result("no list", "the converter's defaults", ())[0])
     return results, status, converted_ours
+
+
+def _no_half_notes(nodes: _Nodes, no_half: Mapping[str, str], half: str) -> tuple[str, ...]:
+    """The note on the nodes kept in float32 because onnxruntime cannot compute them in the half type."""
+    if not no_half:
+        return ()
+    ops = {n.name: (f"{n.domain}::" if n.domain not in ("", "ai.onnx") else "") + n.op_type for n in nodes.all_nodes}
+    named = ", ".join(f"{name!r} ({ops.get(name, '?')})" for name in list(no_half)[:4]) + (", ..." if len(no_half) > 4 else "")
+    first = next(iter(no_half.values()))
+    return (
+        f"kept in float32 in every list: {len(no_half)} node{'s' if len(no_half) != 1 else ''} run on onnxruntime (missing='ort') "
+        f"that it cannot compute in {half}: {named} (onnxruntime: {first})",
+    )
 
 
 def _keep_notes(provider: str, half: str, status: str, converted: onnx.ModelProto | None) -> tuple[str, ...]:
