@@ -268,3 +268,52 @@ def test_checker_blame_raises_what_check_raises_when_onnxruntime_refuses_the_mod
         checker.blame(converted, feeds, missing="ort")
     for info in (check, blame):
         assert "Type 'tensor(float16)' of input parameter" in info.value.detail and "\n" not in info.value.detail
+
+
+# -- nothing to compare ----------------------------------------------------------------------------------
+
+
+def relu_model(rows: int | str = 0) -> onnx.ModelProto:
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x", F, (rows, 4))],
+        [oh.make_tensor_value_info("y", F, (rows, 4))],
+    )
+    return _model(graph)
+
+
+EMPTY = r"compared 0 elements: every output is empty \(y: float32\[0x4\]\) for the feeds given \(empty: x \[0, 4\]\); feed a non-empty input"
+
+
+def test_keep_float32_audit_and_check_conversion_on_empty_outputs_raise_nothing_compared() -> None:
+    """x: f32[0,4] -> Relu: keep_float32 said "nothing to keep ... meets the tolerance" (verified, a converted
+    model) having compared nothing. keep_float32, check_conversion and audit raise EmptyOutputs, a
+    NothingCompared (as Checker.check raises for it) and a ValueError, naming the outputs and the empty feeds."""
+    from pytest_ortdiff.analyses.precision import EmptyOutputs, audit
+    from pytest_ortdiff.analyses.precision.keep import check_conversion
+    from pytest_ortdiff.engine.check import NothingCompared
+
+    model, feeds = relu_model(0), {"x": torch.zeros(0, 4)}
+    for run in (keep_float32, check_conversion, audit):
+        with pytest.raises(EmptyOutputs, match=f"^{run.__name__}: {EMPTY}") as info:
+            run(model, [feeds, feeds])
+        assert isinstance(info.value, NothingCompared) and isinstance(info.value, ValueError)
+        assert "\n" not in str(info.value)
+
+
+def test_keep_float32_with_one_non_empty_input_compares_that_one() -> None:
+    """Outputs empty for some inputs only: the others are compared, and the search runs."""
+    model = relu_model("n")
+    report = keep_float32(model, [{"x": torch.zeros(0, 4)}, _x()])
+    assert report.verified and report.status == "nothing to keep", report.render()
+
+
+def test_precision_command_on_a_zero_size_input_is_no_pass(cli: Callable[..., Any], tmp_path: Path) -> None:
+    """Was exit 0, "nothing to keep", and the converted model written."""
+    out = tmp_path / "zero16.onnx"
+    result = cli("precision", str(_save(relu_model(0), tmp_path / "zero.onnx")), "--write-converted", str(out))
+    assert result.returncode != 0 and not out.exists()
+    assert result.stderr.startswith("error: keep_float32: compared 0 elements: every output is empty (y: float32[0x4])"), result.stderr
+    assert "not a pass" in result.stderr and result.stderr.count("\n") == 1
+    assert "nothing to keep" not in result.stdout

@@ -29,7 +29,7 @@ from ...numerics.tolerance import parse_budget  # (the command line's; kept impo
 from ...runtimes.evaluator import TorchEvaluator
 from ...runtimes.model_io import check_model, has_subgraph, iter_graphs, load_model
 from ...runtimes.ort_kernel import OrtKernel
-from .audit import AuditReport, audit
+from .audit import AuditReport, EmptyOutputs, audit, refuse_empty
 
 if TYPE_CHECKING:
     from ...numerics.diff import DiffReport
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OP_TYPE_BLOCK_LIST",
     "ConversionCheck",
+    "EmptyOutputs",
     "KeepReport",
     "ListResult",
     "Outcome",
@@ -1366,6 +1367,9 @@ def keep_float32(
     named, renamed = _named(src)
     feeds = _feeds_list(feeds_iter, "keep_float32")
     device = checker.device
+    oracle = _oracle(named, feeds, device, missing)
+    # every output empty: no list can be judged, and "nothing to keep" would read as a pass
+    refuse_empty("keep_float32", named, oracle, feeds)
     report = (
         audit_report if audit_report is not None else audit(named, feeds, dtype=half, device=device, missing=missing)
     )
@@ -1375,7 +1379,7 @@ def keep_float32(
     if no_half:
         nodes = replace(nodes, candidates=nodes.candidates - set(no_half), forced=tuple(no_half))
         sim.candidates = nodes.candidates
-    search = _Search(sim, feeds, _oracle(named, feeds, device, missing), checker, max_runs, report)
+    search = _Search(sim, feeds, oracle, checker, max_runs, report)
     flagged = tuple(
         n.node_name or n.name for n in report.flagged if (n.node_name or n.name) in nodes.candidates
     )
@@ -1679,6 +1683,7 @@ def check_conversion(
     feeds = _feeds_list(feeds_iter, "check_conversion")
     oracle = _oracle(named, feeds, checker.device)
     names = [o.name for o in named.graph.output]
+    refuse_empty("check_conversion", named, oracle, feeds)
 
     judge = _judge(checker, oracle, names)
     converted = convert_half(named, (), dtype=half, keep_io_types=keep_io_types)
