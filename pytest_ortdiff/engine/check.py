@@ -621,8 +621,16 @@ class Checker:
         # a float16 model behind float32 I/O drifts by float16's rounding: its drifts judged as float16 (read off a
         # model at hand; a path is not loaded twice for it)
         dtype = self.judged_dtype(model) if isinstance(model, CheckedModel | onnx.ModelProto) else self.dtype
-        with self.options_in_force():
-            return blame(model, feeds, provider=self.provider, dtype=dtype, kernels=kernels, tolerance=self.tolerance_for(dtype=dtype), missing=missing)
+        try:
+            with self.options_in_force():
+                return blame(model, feeds, provider=self.provider, dtype=dtype, kernels=kernels, tolerance=self.tolerance_for(dtype=dtype), missing=missing)
+        except Exception as exc:
+            # onnxruntime refusing the model (or a node of it run on onnxruntime, missing="ort"): the error `check`
+            # raises for it, not the evaluator's RuntimeError around it
+            refusal = _onnxruntime_refusal(exc, self.provider, self.dtype)
+            if refusal is None:
+                raise
+            raise refusal from None
 
     def check_baseline(
         self,
@@ -813,6 +821,26 @@ def _kernels_key(kernels: Mapping[Any, Any] | None) -> tuple[Any, ...] | None:
         return ("id", id(x), repr(x))
 
     return tuple((part(k), part(v)) for k, v in kernels.items())
+
+
+def _onnxruntime_refusal(exc: BaseException, provider: str, dtype: str) -> UnsupportedByProvider | OrtRunError | None:
+    """What `check` raises for onnxruntime refusing to run a model, where `exc` is that refusal or a run's error
+    caused by it (the evaluator's RuntimeError around a node run on onnxruntime); None for anything else."""
+    from ..runtimes.ort import UnsupportedByProviderError
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, UnsupportedByProvider | OrtRunError):
+            return cause
+        if isinstance(cause, UnsupportedByProviderError):
+            return UnsupportedByProvider(provider, dtype, cause.op, str(cause))
+        if _from_onnxruntime(cause):
+            text = str(cause).strip()
+            return OrtRunError(provider, text.splitlines()[0] if text else type(cause).__name__, text)
+        cause = cause.__cause__
+    return None
 
 
 def _from_onnxruntime(exc: BaseException) -> bool:

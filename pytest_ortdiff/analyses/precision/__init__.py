@@ -12,7 +12,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .audit import AuditReport, NodeAudit, audit
+    from .audit import AuditReport, EmptyOutputs, NodeAudit, audit
     from .keep import (
         OP_TYPE_BLOCK_LIST,
         ConversionCheck,
@@ -27,6 +27,7 @@ __all__ = [
     "OP_TYPE_BLOCK_LIST",
     "AuditReport",
     "ConversionCheck",
+    "EmptyOutputs",
     "KeepReport",
     "NodeAudit",
     "audit",
@@ -40,6 +41,7 @@ __all__ = [
 _LAZY = {
     "audit": ("audit", "audit"),
     "AuditReport": ("audit", "AuditReport"),
+    "EmptyOutputs": ("audit", "EmptyOutputs"),
     "NodeAudit": ("audit", "NodeAudit"),
     "keep_float32": ("keep", "keep_float32"),
     "KeepReport": ("keep", "KeepReport"),

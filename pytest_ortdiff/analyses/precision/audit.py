@@ -4,6 +4,7 @@ where it matters, each with the reason and the consumers it feeds."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -15,11 +16,67 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ...engine.check import NothingCompared
 from ...numerics.dtypes import dtype_of
 from ...numerics.formatting import g, pct_frac, table
 from ...runtimes.evaluator import TorchEvaluator
 
-__all__ = ["AuditReport", "NodeAudit", "audit"]
+__all__ = ["AuditReport", "EmptyOutputs", "NodeAudit", "audit"]
+
+
+class EmptyOutputs(NothingCompared, ValueError):
+    """`audit`, `keep_float32` or `check_conversion` given feeds for which every output of the model is empty (a
+    dim of 0): nothing was compared, which is not a pass. A NothingCompared (a test fails on it, as on
+    `Checker.check`'s), and a ValueError: the feeds cannot judge a conversion (the command line: one error
+    line, exit 2). `result` is None."""
+
+
+def _elements(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel()
+    if isinstance(x, list | tuple):
+        return sum(_elements(e) for e in x)
+    return 0
+
+
+def _described(name: str, x: Any, dtype: str | None) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{name}: {dtype or dtype_of(x.dtype).short}[{'x'.join(str(d) for d in x.shape)}]"
+    return f"{name}: {type(x).__name__}"
+
+
+def _declared(model: onnx.ModelProto) -> dict[str, str]:
+    """The model's outputs' declared dtypes (where they have one)."""
+    out = {}
+    for o in model.graph.output:
+        with contextlib.suppress(ValueError):  # (no dtype declared, or none of ours)
+            out[o.name] = dtype_of(o.type.tensor_type.elem_type).short
+    return out
+
+
+def refuse_empty(
+    what: str,
+    model: onnx.ModelProto,
+    outputs: Sequence[Sequence[Any]],
+    feeds: Sequence[Mapping[str, Any]],
+) -> None:
+    """Raises EmptyOutputs when every output of `model` is empty for every feed dict (`outputs[i]`: those of
+    `feeds[i]`), naming the outputs (with their declared dtypes) and the empty feeds as `Checker.check`'s
+    NothingCompared does."""
+    if not outputs or any(_elements(o) for outs in outputs for o in outs):
+        return
+    declared = _declared(model)
+    names = [o.name for o in model.graph.output]
+    shown = ", ".join(_described(n, o, declared.get(n)) for n, o in zip(names, outputs[0], strict=False))
+    empty = dict.fromkeys(
+        f"{name} {list(value.shape)}" for f in feeds for name, value in f.items() if 0 in tuple(getattr(value, "shape", ()))
+    )
+    why = (
+        f" for the feeds given (empty: {', '.join(empty)}); feed a non-empty input"
+        if empty
+        else " for the feeds given; feed inputs for which the model's outputs have elements"
+    )
+    raise EmptyOutputs(f"{what}: compared 0 elements: every output is empty ({shown}){why}; nothing was compared, which is not a pass")
 
 # float32's extreme values (`torch.finfo(float32).min` and what a mask built from it adds up to): the
 # masks of attention layers, not numbers a layer computes. Converters clip the constants they come from
@@ -610,18 +667,28 @@ def audit(
         [feeds_iter] if isinstance(feeds_iter, Mapping) else feeds_iter
     )
     count = 0
+    seen: list[Mapping[str, Any]] = []  # the feeds of a run whose outputs were all empty, so far (a few)
+    first: list[Any] = []
+    empty = True
     for feeds in batches:
         if not isinstance(feeds, Mapping):
             raise TypeError(
                 f"audit: feeds_iter yields a {type(feeds).__name__}; it must yield dicts input name -> tensor (or be one dict)"
             )
         obs.start(feeds)
-        ev.run(None, feeds, observe=obs)
+        outputs = ev.run(None, feeds, observe=obs)
+        if empty:
+            empty = not any(_elements(o) for o in outputs)
+            if empty and len(seen) < 8:
+                seen.append({k: v for k, v in feeds.items() if 0 in tuple(getattr(v, "shape", ()))})
+                first = first or list(outputs)
         count += 1
     if count == 0:
         raise ValueError(
             "audit: feeds_iter yielded no feeds; pass one dict of inputs or an iterable of them"
         )
+    if empty:  # every output empty on every input: the audit saw nothing a conversion would compute
+        refuse_empty("audit", ev.model, [first], seen)
     return AuditReport(
         lim.dtype, ev.model.graph.name or "model", count, _node_audits(graph, obs.accs, lim)
     )

@@ -14,7 +14,7 @@ import copy
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,7 +28,8 @@ from ...numerics.formatting import g, table
 from ...numerics.tolerance import parse_budget  # (the command line's; kept importable from here)
 from ...runtimes.evaluator import TorchEvaluator
 from ...runtimes.model_io import check_model, has_subgraph, iter_graphs, load_model
-from .audit import AuditReport, audit
+from ...runtimes.ort_kernel import OrtKernel
+from .audit import AuditReport, EmptyOutputs, audit, refuse_empty
 
 if TYPE_CHECKING:
     from ...numerics.diff import DiffReport
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OP_TYPE_BLOCK_LIST",
     "ConversionCheck",
+    "EmptyOutputs",
     "KeepReport",
     "ListResult",
     "Outcome",
@@ -379,8 +381,11 @@ def convert_half(
         op_block_list=blocked,
     )
     _merge_identical_nodes(out.graph)
+    _one_output_cast(out.graph)
+    _place_body_casts(out)
     _drop_cast_pairs(out)
-    _sort_topologically(out.graph)
+    for graph in iter_graphs(out.graph):
+        _sort_topologically(graph)
     if half == "bfloat16":
         _retype_bfloat16(out, src)
     return out
@@ -399,6 +404,68 @@ def _merge_identical_nodes(graph: onnx.GraphProto) -> None:
     if len(kept) < len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)
+
+
+def _one_output_cast(graph: onnx.GraphProto) -> None:
+    """A graph that lists an output twice (valid ONNX): keep_io_types makes the converter write one Cast to
+    float32 per entry of the list (`graph_output_cast0`, `graph_output_cast1`), each writing the output, and
+    only the last one's input is computed (the others read a value nothing writes). The one whose input is
+    computed stays; the output is still listed twice."""
+    defined = {x.name for x in graph.input} | {t.name for t in graph.initializer}
+    defined |= {o for n in graph.node for o in n.output if o}
+    writers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        if _cast_to(node) == onnx.TensorProto.FLOAT and re.fullmatch(r"graph_output_cast\d+", node.name):
+            writers.setdefault(node.output[0], []).append(node)
+    gone: set[int] = set()
+    dangling: set[str] = set()
+    for casts in writers.values():
+        if len(casts) < 2:
+            continue
+        keep = next((n for n in casts if n.input[0] in defined), casts[-1])
+        for n in casts:
+            if n is not keep:
+                gone.add(id(n))
+                if n.input[0] not in defined:
+                    dangling.add(n.input[0])
+    if gone:  # (`writers` holds the nodes: the ids stay theirs)
+        _delete(graph.node, lambda n: id(n) in gone)
+        _delete(graph.value_info, lambda vi: vi.name in dangling)
+
+
+def _place_body_casts(model: onnx.ModelProto) -> None:
+    """onnxruntime's converter appends the Casts around a float32 node inside a body (an If branch, a Loop or
+    Scan body) to the main graph, where the body's values are out of scope: the branch's output is then
+    written by a node outside the branch, and onnxruntime refuses the model ("Graph output (t) does not exist
+    in the graph"). Each Cast of the main graph that reads a value of a body goes into that body (with its
+    value_info); one reading a value of the main graph stays, where every body sees what it writes."""
+    top = model.graph
+    home: dict[str, onnx.GraphProto] = {}  # a body's value -> the body
+    for graph in list(iter_graphs(top))[1:]:
+        names = [*(x.name for x in graph.input), *(t.name for t in graph.initializer)]
+        names += [o for n in graph.node for o in n.output if o]
+        home.update((x, graph) for x in names)
+    infos = {vi.name: vi for vi in top.value_info}
+    moved: list[onnx.NodeProto] = []
+    todo = [n for n in top.node if n.op_type == "Cast" and n.input and n.output]
+    while True:  # (a Cast reading what a moved Cast writes goes into its body too)
+        now = [n for n in todo if n.input[0] in home]
+        if not now:
+            break
+        for node in now:
+            body = home[node.input[0]]
+            body.node.append(node)
+            home[node.output[0]] = body
+            for x in (node.input[0], node.output[0]):
+                if x in infos:
+                    body.value_info.append(infos.pop(x))
+        moved += now
+        todo = [n for n in todo if all(n is not m for m in now)]
+    if not moved:
+        return
+    ids = {id(n) for n in moved}  # (`moved` holds them: the ids stay theirs)
+    _delete(top.node, lambda n: id(n) in ids)
+    _delete(top.value_info, lambda vi: vi.name not in infos)
 
 
 def _sort_topologically(graph: onnx.GraphProto) -> None:
@@ -469,23 +536,32 @@ def _to_float_cast(node: onnx.NodeProto) -> bool:
 
 def _drop_cast_pairs(model: onnx.ModelProto) -> None:
     """Removes the converter's Cast(float16) → Cast(float32) round trips between float32 values: the reader
-    of the second Cast reads the first one's float32 input."""
-    graph = model.graph
-    producer = {o: n for n in graph.node for o in n.output}
-    outputs = {o.name for o in graph.output}
+    of the second Cast reads the first one's float32 input. In every graph: a body reads the main graph's
+    values (the second Cast is in the first one's graph, or in a body of it)."""
+    graphs = list(iter_graphs(model.graph))
+    # (held to the end: protobuf gives the same node object while one is alive, so ids stay the nodes')
+    nodes = [(n, g_) for g_ in graphs for n in g_.node]
+    home = {id(n): g_ for n, g_ in nodes}
+    producer = {o: n for n, _ in nodes for o in n.output}
+    outputs = {o.name for g_ in graphs for o in g_.output}
     rename: dict[str, str] = {}  # value read -> the float32 value to read instead
     # float32 value -> the graph output its producer now writes
     renamed_outputs: dict[str, str] = {}
     drop: set[int] = set()
-    for node in graph.node:
+    for node, _ in nodes:
         first = producer.get(node.input[0]) if _to_float_cast(node) else None
         if first is None or not _to_half_cast(first):
             continue
         src = first.input[0]
         if node.output[0] in outputs:
-            # the graph output: the kept node writes it itself (its name stays the model's)
+            # the graph output: the kept node writes it itself (its name stays the model's), in its own graph
             src_node = producer.get(src)
-            if src_node is None or src in outputs or src in renamed_outputs:
+            if (
+                src_node is None
+                or src in outputs
+                or src in renamed_outputs
+                or home[id(src_node)] is not home[id(node)]
+            ):
                 continue
             src_node.output[list(src_node.output).index(src)] = node.output[0]
             renamed_outputs[src] = node.output[0]
@@ -494,20 +570,28 @@ def _drop_cast_pairs(model: onnx.ModelProto) -> None:
         drop.add(id(node))
     if not drop:
         return
-    kept = [n for n in graph.node if id(n) not in drop]
-    for n in kept:
-        for i, x in enumerate(n.input):
-            x = rename.get(x, x)
-            n.input[i] = renamed_outputs.get(x, x)
+    read: set[str] = set(outputs)
+    for graph in graphs:
+        _delete(graph.node, lambda n: id(n) in drop)
+        for n in graph.node:
+            for i, x in enumerate(n.input):
+                x = rename.get(x, x)
+                n.input[i] = renamed_outputs.get(x, x)
+            read.update(n.input)
     # a to-half Cast nobody reads any more goes too
-    read = {x for n in kept for x in n.input} | outputs
-    kept = [n for n in kept if not (_to_half_cast(n) and n.output[0] not in read)]
-    del graph.node[:]
-    graph.node.extend(kept)
-    live = {o for n in kept for o in n.output} | {i.name for i in graph.input}
-    vis = [vi for vi in graph.value_info if vi.name in live]
-    del graph.value_info[:]
-    graph.value_info.extend(vis)
+    live = {i.name for g_ in graphs for i in g_.input}
+    for graph in graphs:
+        _delete(graph.node, lambda n: _to_half_cast(n) and n.output[0] not in read)
+        live.update(o for n in graph.node for o in n.output)
+    for graph in graphs:
+        _delete(graph.value_info, lambda vi: vi.name not in live)
+
+
+def _delete(items: Any, gone: Callable[[Any], bool]) -> None:
+    """Deletes the elements `gone` says of a repeated protobuf field in place: the others (a node whose body a
+    caller holds) stay the same objects, as deleting and extending would not keep them."""
+    for i in reversed([i for i, x in enumerate(items) if gone(x)]):
+        del items[i]
 
 
 def _retype_bfloat16(model: onnx.ModelProto, src: onnx.ModelProto) -> None:
@@ -605,6 +689,11 @@ class _Simulator:
         switched = set(candidates) | set(self.init_inputs)
         plain = TorchEvaluator(model, device=device, check_model=False, missing=missing)
         kernels = {n.name: (n, k) for n, k, _ in plain.iter_kernels() if n.name in switched}
+        #: the candidates onnxruntime runs (missing="ort"): its kernels may not take the half type
+        self.on_ort = frozenset(n for n in candidates if isinstance(kernels[n][1], OrtKernel))
+        #: node -> why it stays float32: onnxruntime refused to compute it in the half type (`probe`)
+        self.no_half: dict[str, str] = {}
+        self.probing = False
         self.rounded = _Rounded(initializers, half, device)
         self.lowered: frozenset[str] = frozenset()
         self.shared: frozenset[str] = frozenset()  # initializers stored in the half type this run
@@ -631,6 +720,10 @@ class _Simulator:
                 outs = plain.run(*[_as(x, torch.float32, dtype) for x in xs])
             # the evaluator names the node; say what the simulation asked of it
             except Exception as exc:
+                if self.probing and _refused_by_onnxruntime(exc):
+                    text = str(exc).strip()
+                    self.no_half[name] = text.splitlines()[0][:300] if text else type(exc).__name__
+                    return tuple(plain.run(*xs))
                 raise RuntimeError(
                     f"{node.op_type} node {name!r} cannot compute in {half} in the torch evaluator: {exc}"
                 ) from exc
@@ -660,6 +753,20 @@ class _Simulator:
 
         return run
 
+    def probe(self, feeds: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        """The nodes run on onnxruntime (missing="ort") that it refuses to compute in the half type (no
+        kernel for it, or an op schema without the type: com.microsoft's CDist), each run in the half type on
+        every input: they stay float32 whatever the list, as the converted model must keep them. Node -> the
+        first line of onnxruntime's refusal."""
+        if self.on_ort:
+            self.probing = True
+            try:
+                for f in feeds:
+                    self.run(f, self.on_ort)
+            finally:
+                self.probing = False
+        return dict(self.no_half)
+
     def run(
         self, feeds: Mapping[str, Any], lowered: frozenset[str], observe: Any = None
     ) -> list[Any]:
@@ -676,6 +783,15 @@ class _Simulator:
                 for o in outs
             ]
         return list(outs)
+
+
+def _refused_by_onnxruntime(exc: BaseException) -> bool:
+    """onnxruntime refused the node at this type: no kernel for it (NOT_IMPLEMENTED), or a schema without the
+    type ("Type 'tensor(float16)' of input parameter (i0) of operator (CDist) ... is invalid")."""
+    from ...engine.check import _from_onnxruntime
+    from ...runtimes.ort import UnsupportedByProviderError
+
+    return isinstance(exc, UnsupportedByProviderError) or _from_onnxruntime(exc)
 
 
 class _Rounded(dict[str, torch.Tensor]):
@@ -1251,12 +1367,19 @@ def keep_float32(
     named, renamed = _named(src)
     feeds = _feeds_list(feeds_iter, "keep_float32")
     device = checker.device
+    oracle = _oracle(named, feeds, device, missing)
+    # every output empty: no list can be judged, and "nothing to keep" would read as a pass
+    refuse_empty("keep_float32", named, oracle, feeds)
     report = (
         audit_report if audit_report is not None else audit(named, feeds, dtype=half, device=device, missing=missing)
     )
     nodes = _Nodes.of(named)
     sim = _Simulator(named, half, nodes.candidates, nodes.floats, keep_io_types=keep_io_types, device=device, missing=missing)
-    search = _Search(sim, feeds, _oracle(named, feeds, device, missing), checker, max_runs, report)
+    no_half = sim.probe(feeds)  # nodes onnxruntime runs and cannot run in the half type: float32, whatever the list
+    if no_half:
+        nodes = replace(nodes, candidates=nodes.candidates - set(no_half), forced=tuple(no_half))
+        sim.candidates = nodes.candidates
+    search = _Search(sim, feeds, oracle, checker, max_runs, report)
     flagged = tuple(
         n.node_name or n.name for n in report.flagged if (n.node_name or n.name) in nodes.candidates
     )
@@ -1281,10 +1404,10 @@ def keep_float32(
         runs=search.runs,
         subsets=len(search.cache),
         results=tuple(results),
-        always_float32=tuple(n.name for n in nodes.all_nodes if n.op_type in nodes.default_blocked),
+        always_float32=tuple(n.name for n in nodes.all_nodes if n.op_type in nodes.default_blocked or n.name in no_half),
         ops={n.name: n.op_type for n in nodes.all_nodes if n.name in keep},
         named=renamed,
-        notes=_keep_notes(checker.provider, half, status, converted_ours),
+        notes=(*_no_half_notes(nodes, no_half, half), *_keep_notes(checker.provider, half, status, converted_ours)),
         audit=report,
         _converted=converted_ours if status in ("verified", "nothing to keep", "stopped") else None,
     )
@@ -1335,6 +1458,9 @@ class _Nodes:
     default_blocked: set[str]
     floats: set[str]
     candidates: frozenset[str]
+    #: nodes kept in float32 in every conversion besides the converter's op types: onnxruntime runs them and has
+    #: no half-precision kernel for them
+    forced: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, named: onnx.ModelProto) -> _Nodes:
@@ -1384,7 +1510,7 @@ class _Lists:
             )
         ops = sorted(self.nodes.default_blocked | blocked_ops)
         converted = convert_half(
-            self.named, nodes, dtype=self.half, keep_io_types=self.keep_io_types, op_block_list=ops
+            self.named, [*nodes, *self.nodes.forced], dtype=self.half, keep_io_types=self.keep_io_types, op_block_list=ops
         )
         ort, arith = _verify(
             converted, search.feeds, search.judge, self.checker.provider, self.checker.device, self.half, self.keep_io_types, self.missing
@@ -1440,6 +1566,19 @@ def _compared_lists(
     )
     results.append(lists.result("no list", "the converter's defaults", ())[0])
     return results, status, converted_ours
+
+
+def _no_half_notes(nodes: _Nodes, no_half: Mapping[str, str], half: str) -> tuple[str, ...]:
+    """The note on the nodes kept in float32 because onnxruntime cannot compute them in the half type."""
+    if not no_half:
+        return ()
+    ops = {n.name: (f"{n.domain}::" if n.domain not in ("", "ai.onnx") else "") + n.op_type for n in nodes.all_nodes}
+    named = ", ".join(f"{name!r} ({ops.get(name, '?')})" for name in list(no_half)[:4]) + (", ..." if len(no_half) > 4 else "")
+    first = next(iter(no_half.values()))
+    return (
+        f"kept in float32 in every list: {len(no_half)} node{'s' if len(no_half) != 1 else ''} run on onnxruntime (missing='ort') "
+        f"that it cannot compute in {half}: {named} (onnxruntime: {first})",
+    )
 
 
 def _keep_notes(provider: str, half: str, status: str, converted: onnx.ModelProto | None) -> tuple[str, ...]:
@@ -1544,6 +1683,7 @@ def check_conversion(
     feeds = _feeds_list(feeds_iter, "check_conversion")
     oracle = _oracle(named, feeds, checker.device)
     names = [o.name for o in named.graph.output]
+    refuse_empty("check_conversion", named, oracle, feeds)
 
     judge = _judge(checker, oracle, names)
     converted = convert_half(named, (), dtype=half, keep_io_types=keep_io_types)
