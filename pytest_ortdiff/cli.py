@@ -801,8 +801,13 @@ def _precision(args: argparse.Namespace) -> int:
     _unavailable(args.provider)
     m = _open_model(args, args.model)
     feeds = [m.feeds(args.seed + i, torch_device(args.provider)) for i in range(args.samples)]
+    from .engine.check import NothingCompared
+
     try:
         report = _engine(lambda: keep_float32(m.proto, feeds, dtype=args.dtype, tolerance=args.tolerance, provider=args.provider, missing=args.missing), m)
+    except NothingCompared as exc:  # every output empty on the feeds: a search that compared nothing fails, as compare does
+        print(f"error: {_printable(str(exc))}", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as exc:
         raise _CompareError(str(exc)) from None
     assert report.audit is not None
