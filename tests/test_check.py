@@ -406,3 +406,18 @@ def test_the_caches_hold_the_resident_memory_they_are_configured_for(tmp_path: P
     mib = json.loads(out.stdout.strip().splitlines()[-1])
     grown = mib["peak"] - mib["base"]
     assert grown <= 2 * 64 + 64, f"resident memory grew by {grown:.0f} MiB with two caches of 64 MiB ({mib})"
+
+
+def test_closer_to_the_oracle_is_decided_at_the_outputs_scale() -> None:
+    """A new user's float16 check: onnxruntime 470 raw ULPs (1 floored), 124 elements off; the evaluator 196 raw
+    (1 floored), 129 off. Raw ULPs near zero are noise: the floored tie goes to the fewer elements off."""
+    from types import SimpleNamespace
+
+    from pytest_ortdiff.numerics.results import closer_to_oracle
+
+    ort = SimpleNamespace(max_ulp=470.0, max_ulp_floored=1.0, mismatches=124)
+    torch_side = SimpleNamespace(max_ulp=196.0, max_ulp_floored=1.0, mismatches=129)
+    assert closer_to_oracle(ort, torch_side) == "onnxruntime"
+    assert closer_to_oracle(torch_side, ort) == "torch"
+    # rows read back from a file written before floored ULPs existed: the raw ones decide
+    assert closer_to_oracle(SimpleNamespace(max_ulp=3.0, mismatches=1), SimpleNamespace(max_ulp=2.0, mismatches=9)) == "torch"

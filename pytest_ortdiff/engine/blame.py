@@ -132,6 +132,8 @@ class OracleError:
     max_ulp: float
     mismatches: int
     n: int
+    #: the ULP error at the output's scale (what `closer_to_oracle` decides on); None in tables read back from JSON
+    max_ulp_floored: float | None = None
 
 
 @dataclass
@@ -1221,7 +1223,7 @@ def blame(
         if oracle_out is not None:
             for name, outs in (("torch", runs.torch_out), ("onnxruntime", runs.ort_out)):
                 r = compare(oracle_out, outs)
-                table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n)
+                table_oracle[name] = OracleError(name, r.max_abs, r.max_ulp, r.mismatches, r.n, r.max_ulp_floored)
         swaps = _Swaps(setup, runs, plan, oracle_out)
         drifts, first_divergence = runs.drifts.result()
         swaps.run_exact(clock)

@@ -224,8 +224,8 @@ class CheckResult:
         r_ort, r_torch = self.judgements[0].report, self.judgements[1].report
         who = "torch evaluator" if self.closer == "torch" else self.closer
         return (
-            f"closer to the float64 oracle: {who} (onnxruntime: max {r_ort.max_ulp:g} ulp, {r_ort.mismatches:,} elements off; "
-            f"torch: max {r_torch.max_ulp:g} ulp, {r_torch.mismatches:,} elements off)"
+            f"closer to the float64 oracle: {who} (onnxruntime: max {r_ort.max_ulp_floored:g} ulp, {r_ort.mismatches:,} elements off; "
+            f"torch: max {r_torch.max_ulp_floored:g} ulp, {r_torch.mismatches:,} elements off; ULPs at the output's scale)"
         )
 
     def ran_on_ort_line(self) -> str | None:

@@ -240,7 +240,7 @@ def junit_properties(rows: Sequence[CheckRow]) -> list[tuple[str, str]]:
             differ = report.get("differ")
             if not isinstance(differ, int):
                 differ = int((report.get("counts") or {}).get(repr(0.0), 0))
-            against[row.suffix.strip()] = _AgainstOracle(float(row.max_ulp), differ)
+            against[row.suffix.strip()] = _AgainstOracle(float(row.ulp if row.ulp is not None else row.max_ulp), differ)
     if len(against) == 2:
         out.append(("ortdiff.closer_to_oracle", closer_to_oracle(against["[ort vs float64]"], against["[torch vs float64]"])))
     return out

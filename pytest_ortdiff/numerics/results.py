@@ -649,10 +649,17 @@ class _AgainstOracle(Protocol):
 
 
 def closer_to_oracle(ort: _AgainstOracle, torch: _AgainstOracle) -> Closer:
-    """Which runtime's outputs are closer to the float64 oracle: the smaller max ULP error, then the fewer
-    elements off; "tie" when both are equal."""
-    ko, kt = (ort.max_ulp, ort.mismatches), (torch.max_ulp, torch.mismatches)
+    """Which runtime's outputs are closer to the float64 oracle: the smaller max ULP error at the output's
+    scale (`max_ulp_floored` where the two have it: raw ULPs near zero count thousands for an error of 1e-7,
+    and would decide on noise), then the fewer elements off; "tie" when both are equal."""
+    ko, kt = (floored_ulp(ort), ort.mismatches), (floored_ulp(torch), torch.mismatches)
     return "tie" if ko == kt else ("onnxruntime" if ko < kt else "torch")
+
+
+def floored_ulp(x: Any) -> float:
+    """`x.max_ulp_floored` (a DiffReport's, an OracleError's) when it has one, else `x.max_ulp`."""
+    floored = getattr(x, "max_ulp_floored", None)
+    return float(x.max_ulp if floored is None else floored)
 
 
 def write_atomically(path: Path, data: str | bytes | Callable[[IO[bytes]], None]) -> None:

@@ -409,7 +409,9 @@ class _Against:
         rep = row.report if isinstance(row.report, Mapping) else None
         if rep is None:
             return None
-        ulp = _num(rep.get("max_ulp"))
+        ulp = _num(rep.get("max_ulp_floored"))  # (at the output's scale, as the verdict; a file without it: raw)
+        if ulp is None:
+            ulp = _num(rep.get("max_ulp"))
         return cls(ulp if ulp is not None else math.inf, _differ(rep))
 
 
