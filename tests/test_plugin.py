@@ -209,6 +209,24 @@ def test_marker_takes_torch_and_numpy_dtypes(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*test_a[[]CPU-float16[]]", "*test_a[[]CPU-float64[]]", "*test_a[[]CPU-float32[]]"])
 
 
+def test_marker_spellings_of_one_dtype_or_provider_are_one_case(pytester: pytest.Pytester) -> None:
+    """dtypes=["float16", "fp16"] made [CPU-float16_0] and [CPU-float16_1], and one [CPU-float16] with
+    --ort-dtypes: ids that depend on the command line lose their baselines."""
+    pytester.makepyfile(
+        test_dt="""
+        import pytest
+        import torch
+
+        @pytest.mark.ortdiff(dtypes=["float16", "fp16", torch.float16, "half"], providers=["CPU", "CPUExecutionProvider"])
+        def test_a(ort_dtype):
+            pass
+        """
+    )
+    for args in ((), ("--ort-dtypes=float16",)):
+        result = pytester.runpytest("--collect-only", "-q", *args)
+        assert [line for line in result.stdout.lines if "::test_a" in line] == ["test_dt.py::test_a[CPU-float16]"]
+
+
 def test_reproducible_empty_dict_still_checks(pytester: pytest.Pytester) -> None:
     """Issue 12, item 4: reproducible={} (a dict of no arguments) asks for the check with its defaults,
     and the guard fails a test that ran none."""

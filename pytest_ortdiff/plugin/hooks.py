@@ -420,9 +420,13 @@ def _marker_list(value: Any, kind: str, test: str) -> list[str]:
         if kind == "providers" and not isinstance(name, str):
             pytest.fail(f"@pytest.mark.ortdiff on {test}: providers: {name!r} is not a provider name; valid: {', '.join(KNOWN)}", pytrace=False)
         try:
-            out.append(parse_provider(name) if kind == "providers" else _testable_dtype(name))
+            parsed = parse_provider(name) if kind == "providers" else _testable_dtype(name)
         except ValueError as exc:
             pytest.fail(f"@pytest.mark.ortdiff on {test}: {exc}", pytrace=False)
+        # one case per dtype or provider, however it is spelt ("float16", "fp16", torch.float16): ids that
+        # depended on the command line ([CPU-float16_0] here, [CPU-float16] with --ort-dtypes) lost baselines
+        if parsed not in out:
+            out.append(parsed)
     return out
 
 
