@@ -816,3 +816,24 @@ def test_any_edit_of_the_metadata_is_corrupted_or_harmless_and_update_replaces_i
         assert check_baseline(path, _two_outputs(), test="t.py::t", name="x", max_elements=16).action == "unchanged"
 
     edit()
+
+
+def test_a_baseline_that_cannot_be_written_is_one_failure_not_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only (immutable) baseline directory with --ortdiff-update-baselines: a PermissionError traceback
+    per test, from write_atomically's mkstemp. Now the outcome says so in one message and fails."""
+    import tempfile
+
+    from pytest_ortdiff.engine.baseline import check_baseline
+
+    def refuse(*args: object, dir: object = None, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted", str(dir))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    path = tmp_path / "bl" / "t.mlp.npz"
+    outcome = check_baseline(path, {"y": torch.ones(3)}, test="t.py::t", provider="CPU", dtype="float32", name="mlp", update=True)
+    assert (outcome.action, outcome.passed) == ("unwritable", False)
+    assert outcome.message == (
+        f"ortdiff: baseline 'mlp' of t.py::t (CPU float32): cannot write {path}: Operation not permitted ({path.parent}); nothing was written "
+        "and what was there is untouched. Make the directory writable, or point --ortdiff-baseline-dir at one that is"
+    )
+    assert not path.exists()

@@ -938,11 +938,15 @@ def compare_baseline(
 # the whole flow: missing / corrupted / drift, with and without --ortdiff-update-baselines
 
 
+class _Unwritable(Exception):
+    """write_baseline's OSError, carried out of check_baseline's decision to one outcome."""
+
+
 @dataclass(frozen=True)
 class BaselineOutcome:
     """What `check_baseline` did: compared, created, updated or refused, and whether the test passes."""
 
-    action: str  # "unchanged", "created", "updated", "replaced corrupted", "missing", "corrupted", "drift", "within tolerance"
+    action: str  # "unchanged", "created", "updated", "replaced corrupted", "missing", "corrupted", "drift", "within tolerance", "unwritable"
     passed: bool
     path: Path
     message: str
@@ -998,58 +1002,76 @@ def check_baseline(
     label = f"baseline {name!r} of {test or '?'} ({provider} {dtype})".replace(" )", ")")
 
     def write() -> None:
-        write_baseline(path, outputs, test=test, provider=provider, dtype=dtype, name=name, reference_report=reference_report, max_elements=max_elements)
+        try:
+            write_baseline(path, outputs, test=test, provider=provider, dtype=dtype, name=name, reference_report=reference_report, max_elements=max_elements)
+        except OSError as exc:  # (a read-only or immutable directory, a full disk: what was there is untouched)
+            raise _Unwritable(exc) from None
+
+    def decide() -> BaselineOutcome:
+        try:
+            baseline = load_baseline(path)
+        except FileNotFoundError:
+            if update:
+                write()
+                return BaselineOutcome("created", True, path, f"ortdiff: created {label}: {path}")
+            return BaselineOutcome(
+                "missing",
+                False,
+                path,
+                f"ortdiff: no {label}: expected at\n  {path}\n"
+                f"to create it, run: {how}\n"
+                "then review and commit the new file(s). A missing baseline never passes: it would check nothing.",
+            )
+        except CorruptBaselineError as exc:
+            if update:
+                write()
+                return BaselineOutcome("replaced corrupted", True, path, f"ortdiff: replaced corrupted {label} ({exc.reason}): {path}")
+            return BaselineOutcome(
+                "corrupted",
+                False,
+                path,
+                f"ortdiff: {label}: the baseline file is corrupted and was NOT overwritten:\n  {path}\n  reason: {exc.reason}\n"
+                f"restore it from version control (git checkout -- '{path}'), or replace it with this run's numbers: {how}",
+            )
+        mismatch = [f"{k} {baseline.meta.get(k)!r} (this test: {v!r})" for k, v in (("provider", provider), ("dtype", dtype), ("name", name)) if v and baseline.meta.get(k) not in (None, "", v)]
+        if mismatch:
+            if update:
+                write()
+                return BaselineOutcome("replaced corrupted", True, path, f"ortdiff: replaced {label} written for {', '.join(mismatch)}: {path}")
+            return BaselineOutcome(
+                "corrupted",
+                False,
+                path,
+                f"ortdiff: {label}: the baseline file {path} was written for {', '.join(mismatch)}; it was NOT overwritten. "
+                f"Was it copied or renamed? Replace it with this run's numbers: {how}",
+            )
+        comparison = compare_baseline(baseline, outputs, tolerance=tolerance)
+        if comparison.identical:
+            return BaselineOutcome("unchanged", True, path, f"ortdiff: {label}: identical", comparison)
+        if update:
+            write()
+            return BaselineOutcome("updated", True, path, f"ortdiff: updated {label}: {path}\n{comparison.render()}", comparison)
+        if comparison.passed:
+            return BaselineOutcome("within tolerance", True, path, f"ortdiff: {label}: within tolerance\n{comparison.render()}", comparison)
+        head = f"ortdiff: {label} drifted ({comparison.rule}: {'any change is drift' if tolerance is None else 'tolerance broken'})"
+        return BaselineOutcome(
+            "drift",
+            False,
+            path,
+            f"{head}\n{comparison.render()}\nif the new numbers are right, accept them: {how}",
+            comparison,
+        )
 
     try:
-        baseline = load_baseline(path)
-    except FileNotFoundError:
-        if update:
-            write()
-            return BaselineOutcome("created", True, path, f"ortdiff: created {label}: {path}")
+        return decide()
+    except _Unwritable as exc:
+        err = exc.args[0]
+        why = err.strerror or str(err)
+        where = f"{err.filename}" if getattr(err, "filename", None) else str(path)
         return BaselineOutcome(
-            "missing",
+            "unwritable",
             False,
             path,
-            f"ortdiff: no {label}: expected at\n  {path}\n"
-            f"to create it, run: {how}\n"
-            "then review and commit the new file(s). A missing baseline never passes: it would check nothing.",
+            f"ortdiff: {label}: cannot write {path}: {why} ({where}); nothing was written and what was there is untouched. "
+            f"Make the directory writable, or point --ortdiff-baseline-dir at one that is",
         )
-    except CorruptBaselineError as exc:
-        if update:
-            write()
-            return BaselineOutcome("replaced corrupted", True, path, f"ortdiff: replaced corrupted {label} ({exc.reason}): {path}")
-        return BaselineOutcome(
-            "corrupted",
-            False,
-            path,
-            f"ortdiff: {label}: the baseline file is corrupted and was NOT overwritten:\n  {path}\n  reason: {exc.reason}\n"
-            f"restore it from version control (git checkout -- '{path}'), or replace it with this run's numbers: {how}",
-        )
-    mismatch = [f"{k} {baseline.meta.get(k)!r} (this test: {v!r})" for k, v in (("provider", provider), ("dtype", dtype), ("name", name)) if v and baseline.meta.get(k) not in (None, "", v)]
-    if mismatch:
-        if update:
-            write()
-            return BaselineOutcome("replaced corrupted", True, path, f"ortdiff: replaced {label} written for {', '.join(mismatch)}: {path}")
-        return BaselineOutcome(
-            "corrupted",
-            False,
-            path,
-            f"ortdiff: {label}: the baseline file {path} was written for {', '.join(mismatch)}; it was NOT overwritten. "
-            f"Was it copied or renamed? Replace it with this run's numbers: {how}",
-        )
-    comparison = compare_baseline(baseline, outputs, tolerance=tolerance)
-    if comparison.identical:
-        return BaselineOutcome("unchanged", True, path, f"ortdiff: {label}: identical", comparison)
-    if update:
-        write()
-        return BaselineOutcome("updated", True, path, f"ortdiff: updated {label}: {path}\n{comparison.render()}", comparison)
-    if comparison.passed:
-        return BaselineOutcome("within tolerance", True, path, f"ortdiff: {label}: within tolerance\n{comparison.render()}", comparison)
-    head = f"ortdiff: {label} drifted ({comparison.rule}: {'any change is drift' if tolerance is None else 'tolerance broken'})"
-    return BaselineOutcome(
-        "drift",
-        False,
-        path,
-        f"{head}\n{comparison.render()}\nif the new numbers are right, accept them: {how}",
-        comparison,
-    )

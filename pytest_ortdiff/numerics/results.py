@@ -255,7 +255,7 @@ class SkipRow:
 @dataclass(frozen=True)
 class BaselineRow:
     """What one check_baseline did to its file: "unchanged", "created", "updated", "replaced corrupted",
-    "missing", "corrupted", "drift" or "within tolerance"; with what a report shows of the drift: the
+    "missing", "corrupted", "drift", "within tolerance" or "unwritable"; with what a report shows of the drift: the
     largest absolute change of the outputs since the baseline (None when nothing was compared), the
     environment changes since it was written as (key, baseline, now), and the message the test saw."""
 
@@ -518,7 +518,7 @@ class ResultsFile:
             own = [r for r in self.results if r.test == t.test or r.test.startswith(t.test + " [")]
             if any(not r.ok for r in own):
                 continue
-            stored = [b for b in self.baselines if b.test == t.test and b.action in ("missing", "corrupted")]
+            stored = [b for b in self.baselines if b.test == t.test and b.action in ("missing", "corrupted", "unwritable")]
             if stored:
                 why = "; ".join(f"baseline {b.name!r} {b.action}" for b in stored)
             else:

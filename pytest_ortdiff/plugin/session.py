@@ -287,7 +287,8 @@ def _baseline_summary(tr: Any, rows: list[BaselineRow]) -> None:
     written = [r for r in rows if r.action in ("created", "updated", "replaced corrupted")]
     missing = [r for r in rows if r.action == "missing"]
     corrupted = [r for r in rows if r.action == "corrupted"]
-    if not (written or missing or corrupted):
+    unwritable = [r for r in rows if r.action == "unwritable"]
+    if not (written or missing or corrupted or unwritable):
         return
     tr.write_sep("-", "ortdiff baselines")
     if written:
@@ -299,6 +300,9 @@ def _baseline_summary(tr: Any, rows: list[BaselineRow]) -> None:
     if corrupted:
         tr.write_line(f"{len(corrupted)} baseline file(s) corrupted and left untouched:")
         tr.write_line("\n".join(f"  {r.path}" for r in sorted(corrupted, key=lambda r: r.path)))
+    if unwritable:
+        tr.write_line(f"{len(unwritable)} baseline(s) could not be written (their directory is not writable):")
+        tr.write_line("\n".join(f"  {r.path}" for r in sorted(unwritable, key=lambda r: r.path)))
 
 
 def _message(report: pytest.TestReport | pytest.CollectReport) -> str:
