@@ -44,6 +44,12 @@ def _merge(args: argparse.Namespace) -> int:
             return 2
     from .reports.matrix import job_labels, pivot
 
+    same, identical = _same_files(args.files)
+    if same:  # one path twice (a shell glob and a name): every check would count twice
+        print(f"error: {same}: a job merged twice counts every check twice; give each job's file once", file=sys.stderr)
+        return 2
+    if identical:  # (two jobs may agree byte for byte; one artifact downloaded twice does too: said, not refused)
+        print(f"note: {identical}: if they are one job's file twice (one artifact downloaded twice), every count below is doubled", file=sys.stderr)
     files: list[ResultsFile] = []
     for name in args.files:
         try:
@@ -128,6 +134,33 @@ def _merge(args: argparse.Namespace) -> int:
             print(f"error: --html {args.html}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     return 1 if (failed or counts["failed"] or counts["error"] or conflicts) and args.strict else 0
+
+
+def _same_files(names: Sequence[str]) -> tuple[str | None, str | None]:
+    """("a.json and b.json are one file", "c.json and d.json hold the same report (identical bytes)"): the first
+    two of `names` that are one file, and the first two distinct files with the same bytes (None: none)."""
+    import hashlib
+    import os
+
+    files: dict[tuple[int, int], str] = {}
+    digests: dict[str, str] = {}
+    same = identical = None
+    for name in names:
+        try:
+            st = os.stat(name)
+            with open(name, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            continue  # (reading it is _read_results's to report)
+        key = (st.st_dev, st.st_ino)
+        if key in files:
+            same = same or f"{_printable(files[key])} and {_printable(name)} are one file"
+            continue
+        files[key] = name
+        if digest in digests:
+            identical = identical or f"{_printable(digests[digest])} and {_printable(name)} hold the same report (identical bytes)"
+        digests.setdefault(digest, name)
+    return same, identical
 
 
 def _terminal_width() -> int:

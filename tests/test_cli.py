@@ -827,3 +827,21 @@ def test_merge_an_infinite_max_abs_renders(tmp_path: Path, cli: Callable[..., An
     out = cli("merge", str(path), "--html", "r.html", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "t.py::test_a[CPU-float32]  CPU       float32  inf" in out.stdout
+
+
+def test_merge_of_one_job_twice_is_refused(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """`merge j.json j.json --strict` exited 0 with every count doubled (one artifact downloaded twice)."""
+    job = tmp_path / "j.json"
+    _write(job, [_row("t.py::a[CPU-float32]", "float32", True)])
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(job.read_bytes())
+    out = cli("merge", str(job), str(job), "--strict")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == f"error: {job} and {job} are one file: a job merged twice counts every check twice; give each job's file once\n"
+    # two files of the same bytes: two jobs that agree, or one artifact downloaded twice: merged, and said
+    out = cli("merge", str(job), str(copy), "--strict")
+    assert out.returncode == 0
+    assert out.stderr == (
+        f"note: {job} and {copy} hold the same report (identical bytes): if they are one job's file twice (one artifact downloaded "
+        "twice), every count below is doubled\n"
+    )

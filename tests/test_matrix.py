@@ -197,8 +197,10 @@ def test_strict_fails_on_a_conflict_alone_and_agreeing_jobs_are_no_conflict(tmp_
     same = copy.deepcopy(JOB_A)
     other = copy.deepcopy(JOB_A)
     other["results"][0]["max_abs"] = 2.4e-06  # passes too, with other numbers
-    rc, out = _merge(capsys, *_jobs(tmp_path, ("a", JOB_A), ("same", same)), "--matrix", "--strict")
+    rc = main(["merge", *_jobs(tmp_path, ("a", JOB_A), ("same", same)), "--matrix", "--strict"])
+    out, err = capsys.readouterr()
     assert rc == 0 and "CONFLICT  " not in out and "conflicting" not in out
+    assert err.startswith("note: ") and "hold the same report (identical bytes)" in err  # (agreeing to the byte: said)
     matrix = pivot([ResultsFile.from_dict(JOB_A), ResultsFile.from_dict(same)], ["a", "same"])
     cell = matrix.cell("t.py::test_lnmm", Column("CPU", "float32"))
     assert cell is not None and (cell.verdict, cell.jobs, len(cell.rows)) == ("passed", ("a", "same"), 2)

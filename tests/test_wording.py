@@ -42,7 +42,7 @@ def test_markdown_blame_line_agrees_with_the_terminal(tmp_path: Path, cli: Calla
     path = tmp_path / "job.json"
     path.write_text(json.dumps({"results": [row]}))
     out = cli("merge", str(path), "--matrix", "--markdown")
-    assert "  - blame: no single node explains 10 % of the gap (the most: mm (MatMul) 2 %); first node whose output drifts: mm" in out.stdout
+    assert "  - blame: no single node explains 10 % of the gap (the most: mm (MatMul) 2 %); first node whose output drifts beyond the tolerance: mm" in out.stdout
     row["blame"]["culprit"] = "mm"
     row["blame"]["rows"][0]["explained"] = 0.6
     path.write_text(json.dumps({"results": [row]}))

@@ -275,7 +275,7 @@ class BlameTable(Sequence[BlameRow]):
             if closer:
                 lines.append(f"  closer to the oracle: {closer}")
         if self.first_divergence:
-            lines.append(f"first node whose output drifts: {self.first_divergence}")
+            lines.append(f"first node whose output drifts beyond the tolerance: {self.first_divergence}")
         if self.culprit:
             lines.append(f"most to blame: {self.culprit.node} ({self.culprit.op_type}), explains {self.culprit.explained * 100:.0f} % of the gap")
         elif not gap.is_exact:
@@ -1614,7 +1614,10 @@ def _rows(runs: _Runs, swaps: _Swaps, local_errors: Mapping[int, tuple[float, fl
     if tf32:
         rows = [replace(r, tf32=True) if r.op_type in TF32_OPS else r for r in rows]
         op_rows = [replace(r, tf32=True) if r.op_type in TF32_OPS else r for r in op_rows]
-    rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp))  # stable: graph order among equals
+    # among equals, the node with its own error first, then the one whose value drifted most between the two
+    # runs (where every node explains 0 % the table would otherwise be Constants and Shapes in graph order);
+    # stable: graph order among equals
+    rows.sort(key=lambda r: (-r.explained, -r.local_max_ulp, -(r.drift_max_abs or 0.0) if r.drift_max_abs == r.drift_max_abs else 0.0))
     op_rows.sort(key=lambda r: -r.explained)
     return rows, op_rows
 

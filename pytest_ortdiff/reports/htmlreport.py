@@ -452,7 +452,7 @@ def _blame(b: Mapping[str, Any]) -> str:
         out.append("</ul>")
     facts = [
         ("most to blame", b.get("culprit")),
-        ("first node whose output drifts", b.get("first_divergence")),
+        ("first node whose output drifts beyond the tolerance", b.get("first_divergence")),
         ("closer to the float64 oracle", b.get("closer_to_oracle")),
     ]
     out.extend(f"<p>{k}: <code>{_e(str(v))}</code></p>" for k, v in facts if v)

@@ -731,10 +731,10 @@ def _md_details(test: str, column: Column, cell: Cell, tags: Mapping[str, str] |
                     line = f"  - blame: {_md(top)}"
                 elif top is not None:  # (as the terminal's table says it: a node under 10 % is no culprit)
                     line = f"  - blame: no single node explains {_CULPRIT_MIN} of the gap (the most: {_md(top)})"
-                else:
-                    line = "  - blame: no single node explains the gap"
+                else:  # (no row at all: every node explains 0 %)
+                    line = "  - blame: no single node explains any of the gap"
                 if not r.blame.get("culprit") and drift:
-                    line += f"; first node whose output drifts: {_md(str(drift))}"
+                    line += f"; first node whose output drifts beyond the tolerance: {_md(str(drift))}"
                 out.append(line + (f"; closer to the float64 oracle: {_md(str(closer))}" if closer else ""))
         if not any(not r.ok for r in part.rows):  # (a failed check's own line says why its test failed)
             out.extend(f"- {_md(t.test)}{jobs}: {t.outcome}: {_md(t.message or 'no message')}" for t in part.tests if t.outcome in ("failed", "error"))
