@@ -421,3 +421,11 @@ def test_closer_to_the_oracle_is_decided_at_the_outputs_scale() -> None:
     assert closer_to_oracle(torch_side, ort) == "torch"
     # rows read back from a file written before floored ULPs existed: the raw ones decide
     assert closer_to_oracle(SimpleNamespace(max_ulp=3.0, mismatches=1), SimpleNamespace(max_ulp=2.0, mismatches=9)) == "torch"
+
+
+def test_a_tolerance_dict_with_a_misspelt_key_names_the_valid_ones() -> None:
+    """tolerance={"atl": 1e-3} was Tolerance.__init__'s "unexpected keyword argument 'atl'"."""
+    from pytest_ortdiff.engine.check import _as_tolerance
+
+    with pytest.raises(TypeError, match=re.escape("tolerance: unknown key(s) ['atl'] (did you mean 'atol'?); valid: atol, rtol, max_ulp, budget")):
+        _as_tolerance({"atl": 1e-3})

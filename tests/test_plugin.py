@@ -164,6 +164,7 @@ def test_available_expands_to_what_onnxruntime_offers(pytester: pytest.Pytester)
         ("budget={1e-2: 5}", "*budget fraction for 0.01 must be between 0 and 1 (0.001 = 0.1 %), got 5.0*"),
         ("atol=-1", "*atol must be a non-negative number or a dict {dtype: number}, got -1*"),
         ("'float16'", "*takes keyword arguments only*"),
+        ("dtype=['float16']", "*unknown argument(s) [[]'dtype'[]] (did you mean 'dtypes'?); valid: providers, dtypes,*"),
         ("budget={}", "*budget={} states no rule, so any error would pass: give thresholds*"),
     ],
 )

@@ -795,6 +795,14 @@ def _as_tolerance(tolerance: ToleranceLike) -> Tolerance:
     if isinstance(tolerance, Tolerance):
         return tolerance
     if isinstance(tolerance, Mapping):
+        valid = ("atol", "rtol", "max_ulp", "budget")
+        unknown = [k for k in tolerance if k not in valid]
+        if unknown:  # (Tolerance(**d) would say "unexpected keyword argument" without the valid ones)
+            import difflib
+
+            near = [m for k in unknown for m in difflib.get_close_matches(str(k), valid, n=1)]
+            hint = f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
+            raise TypeError(f"tolerance: unknown key(s) {unknown}{hint}; valid: {', '.join(valid)}")
         return Tolerance(**tolerance)
     if isinstance(tolerance, tuple | list) and len(tolerance) == 2:
         return Tolerance(atol=tolerance[0], rtol=tolerance[1])  # (atol, rtol), as compare() takes

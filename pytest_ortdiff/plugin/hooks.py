@@ -435,7 +435,11 @@ def _validate_marker(marker: pytest.Mark, test: str) -> None:
         pytest.fail(f"@pytest.mark.ortdiff on {test} takes keyword arguments only ({', '.join(_MARKER_KWARGS)}), got positional {marker.args!r}", pytrace=False)
     unknown = sorted(set(marker.kwargs) - set(_MARKER_KWARGS))
     if unknown:
-        pytest.fail(f"@pytest.mark.ortdiff on {test}: unknown argument(s) {unknown}; valid: {', '.join(_MARKER_KWARGS)}", pytrace=False)
+        import difflib
+
+        near = [m for k in unknown for m in difflib.get_close_matches(k, _MARKER_KWARGS, n=1)]
+        hint = f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
+        pytest.fail(f"@pytest.mark.ortdiff on {test}: unknown argument(s) {unknown}{hint}; valid: {', '.join(_MARKER_KWARGS)}", pytrace=False)
     try:
         Tolerance.from_marker(marker.kwargs)
         normalize_provider_options(marker.kwargs.get("provider_options"))
