@@ -599,3 +599,25 @@ def test_the_summary_says_when_compare_gave_the_fused_cuda_pass_up(pytester: pyt
     result = pytester.runpytest()
     result.stdout.fnmatch_lines(["ortdiff: compare() on CUDA took the torch path (the same numbers, slower): Triton's fused pass could not run here: RuntimeError: Failed to find C compiler."])
     result.assert_outcomes(passed=1)
+
+
+def test_the_summary_is_in_collection_order_under_xdist(pytester: pytest.Pytester, xdist_args: list[str]) -> None:
+    """Under -n 2 the summary's rows came in the order the workers finished."""
+    pytester.makepyfile(
+        test_order="""
+        import time
+        import pytest
+        from pytest_ortdiff import models
+
+        @pytest.mark.parametrize("k", [0, 1, 2, 3])
+        def test_k(ortdiff, k):
+            if k == 0:
+                time.sleep(1.5)  # (the first collected finishes last)
+            model = models.layer_norm_matmul_add(dtype=ortdiff.dtype)
+            ortdiff.check(model, models.random_feeds(model, dims={"a": 1, "b": 2, "c": 4}, seed=k))
+        """
+    )
+    result = pytester.runpytest(*xdist_args, "--dist", "load")
+    result.assert_outcomes(passed=4)
+    rows = [line.split()[0] for line in result.stdout.lines if line.startswith("test_order.py::test_k[")]
+    assert rows == [f"test_order.py::test_k[CPU-float32-{k}]" for k in range(4)], rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -64,8 +65,21 @@ class RunResults:
     html_message: str = ""
     html_failed: bool = False
     interrupted: bool = False
+    #: test id -> its place in collection order (the summary's order, whichever order xdist's workers finished in)
+    order: dict[str, int] = field(default_factory=dict)
 
     # -- collecting (hooks: this object is registered as a plugin) --------------------------------
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._ordered(item.nodeid for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:  # (the xdist controller collects nothing itself)
+        self._ordered(ids)
+
+    def _ordered(self, ids: Any) -> None:
+        for nodeid in ids:
+            self.order.setdefault(nodeid, len(self.order))
+
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.tests[report.nodeid] = TestOutcome(report.nodeid, "error", message=_message(report))
@@ -167,7 +181,7 @@ class RunResults:
         tr = terminalreporter
         width = _terminal_width(tr)
         data = self.results_file(environment=False)
-        rows = _summary_rows(data)
+        rows = _summary_rows(data, self.order)
         if rows:
             tr.write_sep("=", "ortdiff summary")
             for line in _row_table(rows, width):
@@ -225,11 +239,15 @@ def _contents(data: ResultsFile) -> str:
     return ", ".join(parts)
 
 
-def _summary_rows(data: ResultsFile) -> list[CheckRow]:
+def _summary_rows(data: ResultsFile, order: Mapping[str, int] | None = None) -> list[CheckRow]:
     """The summary table's rows: every check's, and after a test's checks a row for the test when it failed
     while its checks passed, or before any check (a missing baseline, an exception): its check rows alone
-    would say "passed". Tests without a provider × dtype case are pytest's own business."""
+    would say "passed". Tests without a provider × dtype case are pytest's own business. In collection order
+    (`order`: test id -> place; a test's own checks in their order), the same table whichever order xdist's
+    workers finished in."""
     rows = list(data.results)
+    if order:
+        rows.sort(key=lambda r: order.get(r.test, order.get(r.test.split(" [", 1)[0], len(order))))
     for extra in data.test_rows():
         if extra.provider is None:
             continue
