@@ -371,6 +371,11 @@ def test_a_model_built_for_another_dtype_warns(pytester: pytest.Pytester) -> Non
             "build it for the case, e.g. models.layer_norm_matmul_add(dtype=ortdiff.dtype)*",
         ]
     )
+    # the float16 row says so too (with warnings ignored, a green float16 cell was the only sign): its check ran in float32
+    row = next(line for line in result.stdout.lines if line.startswith("test_d.py::test_forgot[CPU-float16]  CPU"))
+    assert "the model is float32, not this case's float16: checked in float32" in row and row.rstrip().endswith("passed")
+    float32_row = next(line for line in result.stdout.lines if line.startswith("test_d.py::test_forgot[CPU-float32]  CPU"))
+    assert "not this case's" not in float32_row
 
 
 # -- a run that does not finish; the report's temporary file (issue 12, items 3 and 18) -------------------

@@ -546,7 +546,7 @@ class Checker:
         checked = self.prepare(model, feeds)
         m = checked.proto
         judged = self.judged_dtype(checked)
-        _warn_other_dtype(m, self.dtype, compute_dtype(m))
+        other_dtype = _warn_other_dtype(m, self.dtype, compute_dtype(m))
         names = [o.name for o in m.graph.output]
         raw, notes = self._run_ort(checked, feeds)
         ev = self.evaluator(checked, runtime="torch", kernels=kernels, missing=missing)
@@ -591,8 +591,8 @@ class Checker:
             closer=closer,
             model=m.graph.name,
             widened=widened,
-            notes=(*checked.notes, *notes),
-            row_notes=checked.notes,
+            notes=(*checked.notes, *notes, *([other_dtype] if other_dtype else [])),
+            row_notes=(*checked.notes, *([other_dtype] if other_dtype else [])),
             judged_dtype=judged if judged != self.dtype else None,
         )
         if not result.passed:
@@ -878,10 +878,11 @@ def _as_dtype(values: Sequence[Any], dtype: str) -> list[Any]:
     return [v.to(target) if v.is_floating_point() and v.element_size() > target.itemsize else v for v in values]
 
 
-def _warn_other_dtype(m: Any, dtype: str, compute: str | None = None) -> None:
+def _warn_other_dtype(m: Any, dtype: str, compute: str | None = None) -> str | None:
     """A case whose model has floating inputs/outputs, none of them of the case's dtype (nor computes in
     it: a float16 model behind float32 I/O is a float16 case's): most likely a model built without
-    dtype=ortdiff.dtype, judged under the wrong dtype's tolerance."""
+    dtype=ortdiff.dtype, judged under the wrong dtype's tolerance. Warns, and returns the note the check's
+    row carries (a float16 column must not read green for a check that ran in float32); None otherwise."""
     found = {compute} if compute else set()
     for v in [*m.graph.input, *m.graph.output]:
         try:
@@ -899,6 +900,8 @@ def _warn_other_dtype(m: Any, dtype: str, compute: str | None = None) -> None:
             ),
             stacklevel=_user_stacklevel(),
         )
+        return f"the model is {', '.join(sorted(found))}, not this case's {dtype}: checked in {', '.join(sorted(found))}"
+    return None
 
 
 def _builder_name(m: Any) -> str | None:
