@@ -378,3 +378,13 @@ def test_nan_mismatches_are_named_beside_the_chart() -> None:
         if e.tag == "rect"
     }
     assert bars == {t: c for t, c in report.counts.items() if c}
+
+
+def test_the_jobs_table_counts_every_skipped_test(seeds: dict[str, Seed]) -> None:
+    """Jobs whose tests were skipped for 'no provider × dtype left' showed 'skipped 0' (only holes counted)."""
+    one = _file(seeds)
+    skipped = replace(one, tests=(*one.tests, TestOutcome("t.py::test_cuda_only", "skipped", None, None, "no provider × dtype left")))
+    html = render([skipped], ["job A"])
+    row = re.search(r"<tr><td>job A</td>(.*?)</tr>", html, re.S)
+    assert row is not None
+    assert re.findall(r"<td>([^<]*)</td>", row.group(1))[:3] == [f"{len(one.results):,}", f"{len(one.tests) + 1:,}", "1"]

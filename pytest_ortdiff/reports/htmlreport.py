@@ -528,11 +528,13 @@ def _jobs(matrix: Matrix) -> str:
             or "not recorded (a file of an older pytest-ortdiff)"
         )
         status = "complete" if f.complete else "did not finish"
+        # every skipped test (a provider × dtype hole, no case left for the marker, pytest.skip), as merge counts them
+        skipped = sum(t.outcome == "skipped" for t in f.tests) or len(f.skips)
         body.append(
-            f"<tr><td>{_e(job.label)}</td><td>{len(f.results):,}</td><td>{len(f.tests):,}</td><td>{len(f.skips):,}</td>"
+            f"<tr><td>{_e(job.label)}</td><td>{len(f.results):,}</td><td>{len(f.tests):,}</td><td>{skipped:,}</td>"
             f"<td>{_e(status)}</td><td>{_e(env)}</td></tr>"
         )
-    head = "<tr><th>job</th><th>checks</th><th>tests</th><th>skips</th><th>run</th><th>environment</th></tr>"
+    head = "<tr><th>job</th><th>checks</th><th>tests</th><th>skipped</th><th>run</th><th>environment</th></tr>"
     return f'<section id="jobs"><h2>Jobs</h2><table class="list">{head}{"".join(body)}</table></section>'
 
 
