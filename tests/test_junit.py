@@ -157,7 +157,7 @@ def test_oracle_verdict_is_decided_at_the_outputs_scale() -> None:
 
 
 def test_names_values_and_nothing_made_up() -> None:
-    row = _row(" [baseline out]", 3.0, 1)
+    row = _row(" [baseline out]", 3.0, 1, floored=0.5)
     assert junit_properties([row]) == [
         ("ortdiff.baseline_out.provider", "CPU"),
         ("ortdiff.baseline_out.dtype", "float32"),
