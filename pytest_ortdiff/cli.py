@@ -138,18 +138,18 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _same_files(names: Sequence[str]) -> tuple[str | None, str | None]:
     """("a.json and b.json are one file", "c.json and d.json hold the same report (identical bytes)"): the first
-    two of `names` that are one file, and the first two distinct files with the same bytes (None: none)."""
+    two of `names` that are one file, and the first two distinct regular files with the same bytes (None:
+    none). Only files of equal size are read, in chunks; a pipe is never read here (merge reads it once)."""
     import hashlib
     import os
+    import stat
 
     files: dict[tuple[int, int], str] = {}
-    digests: dict[str, str] = {}
+    by_size: dict[int, list[str]] = {}
     same = identical = None
     for name in names:
         try:
             st = os.stat(name)
-            with open(name, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
         except OSError:
             continue  # (reading it is _read_results's to report)
         key = (st.st_dev, st.st_ino)
@@ -157,9 +157,27 @@ def _same_files(names: Sequence[str]) -> tuple[str | None, str | None]:
             same = same or f"{_printable(files[key])} and {_printable(name)} are one file"
             continue
         files[key] = name
-        if digest in digests:
-            identical = identical or f"{_printable(digests[digest])} and {_printable(name)} hold the same report (identical bytes)"
-        digests.setdefault(digest, name)
+        if stat.S_ISREG(st.st_mode):
+            by_size.setdefault(st.st_size, []).append(name)
+
+    def digest(name: str) -> str | None:
+        h = hashlib.sha256()
+        try:
+            with open(name, "rb") as f:
+                for chunk in iter(lambda: f.read(2**20), b""):
+                    h.update(chunk)
+        except OSError:
+            return None
+        return h.hexdigest()
+
+    for group in (g for g in by_size.values() if len(g) > 1):
+        seen: dict[str, str] = {}
+        for name in group:
+            d = digest(name)
+            if d is not None and d in seen and identical is None:
+                identical = f"{_printable(seen[d])} and {_printable(name)} hold the same report (identical bytes)"
+            if d is not None:
+                seen.setdefault(d, name)
     return same, identical
 
 
@@ -788,8 +806,8 @@ def _output_pairs(args: argparse.Namespace, a: Any, b: Any) -> list[tuple[tuple[
 def _comparable(a: Any, b: Any, floor: str | None = None) -> tuple[Any, Any, str]:
     """Two outputs in one dtype: the narrower floating one when both are floating (float32 against a float16
     deployment: the original rounded to float16, its ULPs the deployment's), and `floor` (the deployed model's
-    compute dtype) when that is narrower still, finite values beyond its range saturated as the converter
-    stores them; the floating one when one is, int64 when neither is."""
+    compute dtype) when that is narrower still and both outputs fit in its range; the floating one when one
+    is, int64 when neither is."""
     import torch
 
     from .numerics.dtypes import dtype_of
@@ -800,9 +818,12 @@ def _comparable(a: Any, b: Any, floor: str | None = None) -> tuple[Any, Any, str
     if fa and fb:
         target = a.dtype if a.dtype.itemsize < b.dtype.itemsize else b.dtype
         if floor is not None and dtype_of(floor).torch.itemsize < target.itemsize:
-            target = dtype_of(floor).torch
-            top = float(torch.finfo(target).max)
-            a, b = (torch.where(torch.isfinite(x), x.clamp(-top, top), x) for x in (a, b))
+            half = dtype_of(floor).torch
+            top = float(torch.finfo(half).max)
+            # judged in the compute dtype only when the outputs fit in it: a value beyond its range (a float32
+            # scale after the float16 part) would round to inf, or clamp, on both sides and hide any difference
+            if not any(bool((x[torch.isfinite(x)].abs() > top).any()) for x in (a, b)):
+                target = half
     elif fa or fb:
         target = a.dtype if fa else b.dtype
     else:
@@ -846,8 +867,23 @@ def _precision(args: argparse.Namespace) -> int:
     assert report.audit is not None
     seeds = f"seed {args.seed}" if args.samples == 1 else f"seeds {args.seed} and {args.seed + 1}" if args.samples == 2 else f"seeds {args.seed} to {args.seed + args.samples - 1}"
     samples = f"{args.samples} sample{'' if args.samples == 1 else 's'} ({seeds})"
-    # the finished search is printed first: a full disk costs the written model, never the list
-    _say(f"{args.model}: {samples}, dims {m.dims}{_notes(args, m)}\n\n{report.audit.render()}\n\n{report.render()}")
+    # the finished search is printed first: a full disk costs the written model, never the list; a reader gone
+    # (`precision ... | head`) costs neither the model (written all the same) nor a traceback (exit 141 after)
+    closed = False
+    try:
+        _say(f"{args.model}: {samples}, dims {m.dims}{_notes(args, m)}\n\n{report.audit.render()}\n\n{report.render()}")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        closed = True
+        _stdout_to_devnull()
+    status = _write_converted(args, report)
+    if closed:
+        raise BrokenPipeError
+    return status
+
+
+def _write_converted(args: argparse.Namespace, report: Any) -> int:
+    """--write-converted after the search: the model written (or why not); the command's exit status."""
     if args.write_converted:
         if report.converted_model is None:
             print(f"\nnot written: {args.write_converted} (no verified list)")
@@ -884,24 +920,51 @@ def _check_writable_model(out: str, model: str) -> None:
 
 
 def _is_onnx_model(path: str) -> bool:
-    """Whether the file holds a serialized ModelProto: parsed when small, else its first field is IR's version
-    (what every writer puts first); an empty file holds nothing to lose."""
+    """Whether the file holds a serialized ModelProto (what --write-converted may replace): its first fields
+    are a ModelProto's (IR's version, then one of its other fields: a serialized TensorProto also starts with a
+    varint of field 1, its dims), and, up to 64 MiB, it parses as one with a graph, read as protobuf whatever
+    its extension (onnx.load would read a .json or .textproto as text). An empty file holds nothing to lose."""
     import os
 
     size = os.path.getsize(path)
     if size == 0:
         return True
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if not _model_header(head):
+        return False
     if size > 64 * 2**20:
-        with open(path, "rb") as f:
-            return f.read(1) == b"\x08"
-    import onnx
-    from google.protobuf.message import DecodeError
+        return True
+    from onnx import ModelProto
 
     try:
-        model = onnx.load_model(path, load_external_data=False)
-    except (DecodeError, OSError, ValueError, RuntimeError):
+        with open(path, "rb") as f:
+            model = ModelProto.FromString(f.read())
+    except Exception:  # (protobuf's DecodeError, and whatever else bytes that are no model raise)
         return False
-    return model.HasField("graph") or model.ir_version > 0
+    return model.HasField("graph")
+
+
+#: ModelProto's fields after ir_version (1): number -> wire type (2 length-delimited, 0 varint)
+_MODEL_FIELDS = {2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2}
+
+
+def _model_header(head: bytes) -> bool:
+    """`head` starts as a serialized ModelProto: field 1 (ir_version, a varint), then a ModelProto field."""
+    if not head or head[0] != 0x08:
+        return False
+    i = 1
+    while i < len(head) and head[i] & 0x80:  # (ir_version's varint)
+        i += 1
+    i += 1
+    tag, shift = 0, 0
+    while i < len(head):
+        tag |= (head[i] & 0x7F) << shift
+        shift += 7
+        if not head[i] & 0x80:
+            return _MODEL_FIELDS.get(tag >> 3) == tag & 7
+        i += 1
+    return False
 
 
 def _load_checked(name: str) -> Any:
@@ -1341,12 +1404,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
     except BrokenPipeError:
         # the reader went away (`... | head`): the rest of the output goes nowhere, quietly, as for any Unix tool
-        import os
-
-        with contextlib.suppress(OSError, ValueError, AttributeError):  # (a stdout without a file descriptor)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return 141  # 128 + SIGPIPE: what a shell reports for a tool the closed pipe stopped
     return status
+
+
+def _stdout_to_devnull() -> None:
+    """stdout's descriptor onto /dev/null: what is still printed (and Python's flush at exit) goes nowhere."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # (a stdout without a file descriptor)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

@@ -267,7 +267,7 @@ def test_blame_option_adds_table_to_failure(pytester: pytest.Pytester) -> None:
         [
             "*blame: torch evaluator vs onnxruntime CPU float16: gap max abs *",
             "*node * op * explained * vs ort * vs torch * local abs * local ulp*",
-            "*against the float64 oracle (in the tested dtype):*",
+            "*against the float64 oracle (in the tested dtype; ULPs at the output's scale):*",
             "*closer to the oracle: onnxruntime*",
         ]
     )

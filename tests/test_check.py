@@ -429,3 +429,28 @@ def test_a_tolerance_dict_with_a_misspelt_key_names_the_valid_ones() -> None:
 
     with pytest.raises(TypeError, match=re.escape("tolerance: unknown key(s) ['atl'] (did you mean 'atol'?); valid: atol, rtol, max_ulp, budget")):
         _as_tolerance({"atl": 1e-3})
+
+
+def test_every_node_of_the_bodies_on_onnxruntime_is_not_a_pass() -> None:
+    """An If whose branches' nodes all run on onnxruntime ("ort" on the If goes to its branches) passed."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    from pytest_ortdiff import Checker
+    from pytest_ortdiff.engine.check import NothingCompared
+
+    def branch(op: str) -> onnx.GraphProto:
+        return h.make_graph([h.make_node(op, ["x"], ["o_" + op])], op, [], [h.make_tensor_value_info("o_" + op, TensorProto.FLOAT, [4])])
+
+    graph = h.make_graph(
+        [h.make_node("If", ["c"], ["y"], then_branch=branch("Sin"), else_branch=branch("Cos"))], "g",
+        [h.make_tensor_value_info("c", TensorProto.BOOL, []), h.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )  # fmt: skip
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    feeds = {"c": torch.tensor(True), "x": torch.randn(4)}
+    checker = Checker("CPU", "float32")
+    for kernels in ({"If": "ort"}, {"Sin": "ort", "Cos": "ort"}):
+        with pytest.raises(NothingCompared, match="onnxruntime compared with itself, not a pass"):
+            checker.check(model, feeds, kernels=kernels)
+    assert checker.check(model, feeds, kernels={"Sin": "ort"}).passed  # (the else branch's Cos runs on torch)

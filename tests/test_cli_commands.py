@@ -216,7 +216,7 @@ def test_blame_prints_the_table(lnmm16: Path, cli: Callable[..., Any]) -> None:
     assert lines[1].startswith("blame: torch evaluator vs onnxruntime CPU float16: gap max abs ")
     assert lines[2].split() == ["node", "op", "explained", "vs", "ort", "vs", "torch", "local", "abs", "local", "ulp", "drift", "abs", "vs", "f64", "abs", "vs", "f64", "ulp"]
     assert {line.split()[0] for line in lines[3:6]} == {"layer_norm", "matmul", "add"}
-    assert "against the float64 oracle (in the tested dtype):" in lines
+    assert "against the float64 oracle (in the tested dtype; ULPs at the output's scale):" in lines
     assert any(line.startswith(("most to blame: ", "no single node explains 10 % of the gap")) for line in lines)
 
 
@@ -577,3 +577,64 @@ def test_compare_and_blame_say_a_float16_model_behind_float32_io_is_judged_as_fl
         data = json.loads(cli(command, str(deployed), *DIMS, "--json").stdout)
         assert (data["dtype"], data["judged_dtype"], data["tolerance"]["text"]) == ("float32", "float16", "atol=0.01 rtol=0.01")
     assert cli("compare", str(deployed), *DIMS).stdout.splitlines()[1] == "passed (atol=0.01 rtol=0.01)"
+
+
+# -- a review of the above ---------------------------------------------------------------------------------
+
+
+def _scaled_matmul(path: Path, scale: float, half: bool) -> Path:
+    """y = (x @ W) * scale, x: float32[1, 64]; `half`: the MatMul in float16 (float16 weights, most of the
+    model's: its compute dtype), the scale in float32 after it, as a deployment of the float32 graph."""
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.5, 1.0, (64, 64)).astype(np.float16 if half else np.float32)
+    nodes = [helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16), helper.make_node("MatMul", ["xh", "W"], ["th"]),
+             helper.make_node("Cast", ["th"], ["t"], to=TensorProto.FLOAT)] if half else [helper.make_node("MatMul", ["x", "W"], ["t"])]  # fmt: skip
+    nodes.append(helper.make_node("Mul", ["t", "s"], ["y"]))
+    inits = [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(np.array(scale, np.float32), "s")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+def test_outputs_beyond_the_compute_dtypes_range_are_not_judged_in_it(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """A float16 MatMul then a float32 scale that is 10 % off: both sides' outputs (~2e5) are beyond float16's
+    range, and judged in it they saturated to 65504 on both sides: the diff passed. Now judged as float32."""
+    from pytest_ortdiff.analyses.align import check_deployment
+
+    original = _scaled_matmul(tmp_path / "orig.onnx", 1000.0, half=False)
+    deployed = _scaled_matmul(tmp_path / "deployed.onnx", 1100.0, half=True)
+    res = cli("diff", str(original), str(deployed), "--input-range", "x=1:2")
+    assert res.returncode == 1, res.stdout
+    assert res.stdout.splitlines()[0].endswith("outputs compared as float32")
+    report = check_deployment(str(original), str(deployed), {"x": np.random.default_rng(0).uniform(1, 2, (1, 64)).astype(np.float32)})
+    assert (report.passed, report.dtype, report.compute_dtype) == (False, "float32", None)
+    assert report.notes == ("outputs hold values beyond float16's range (the deployed model computes in float16, then scales in a wider dtype): judged as float32",)
+
+
+def test_write_converted_reads_what_is_there_as_protobuf_whatever_its_name(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """An existing y.json made onnx.load parse it as JSON: a ParseError traceback; a large TensorProto file (first
+    byte 0x08, as a model's) would have been taken for a model."""
+    from pytest_ortdiff.cli import _is_onnx_model, _model_header
+
+    model = _one_node(tmp_path / "relu.onnx", "Relu")
+    for name, text in (("y.json", '{"a": 1}'), ("x.textproto", "ir_version: 9"), ("x.onnxtxt", "<ir_version: 9> g (float x) => (float y) { y = Relu(x) }")):
+        (tmp_path / name).write_text(text)
+        res = cli("precision", str(model), "--write-converted", str(tmp_path / name))
+        assert res.returncode == 2 and "holds a file that is not an ONNX model, so it is not overwritten" in res.stderr, res.stderr
+    tensor = onnx.numpy_helper.from_array(np.zeros((64, 64), np.float32)).SerializeToString()
+    assert not _model_header(tensor[:32]) and _model_header(onnx.load(str(model)).SerializeToString()[:32])
+    (tmp_path / "input_0.pb").write_bytes(tensor)
+    assert not _is_onnx_model(str(tmp_path / "input_0.pb"))
+
+
+def test_precision_into_a_closed_pipe_still_writes_the_model(tmp_path: Path) -> None:
+    model = _one_node(tmp_path / "relu.onnx", "Relu")
+    out = tmp_path / "relu16.onnx"
+    argv = [sys.executable, "-m", "pytest_ortdiff", "precision", str(model), "--samples", "1", "--write-converted", str(out)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.read(10)
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141 and err == "", err
+    assert out.exists() and onnx.load(str(out)).graph.node

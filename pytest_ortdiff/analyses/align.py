@@ -1455,6 +1455,14 @@ def _judged_dtype(arrays: Sequence[np.ndarray], compute: str | None) -> str:
     return out
 
 
+def _fits(x: np.ndarray, dtype: str) -> bool:
+    """Whether every finite value of a floating `x` lies in `dtype`'s range (a non-floating one: True)."""
+    if x.dtype.kind != "f":
+        return True
+    finite = x[np.isfinite(x)]
+    return not finite.size or float(np.abs(finite).max()) <= float(torch.finfo(dtype_of(dtype).torch).max)
+
+
 def _as_judged(x: np.ndarray, dtype: str) -> np.ndarray:
     """A floating output wider than the dtype judged in, as that dtype stores it (saturated, rounded)."""
     if x.dtype.kind != "f" or x.dtype.itemsize <= dtype_of(dtype).itemsize:
@@ -1522,7 +1530,12 @@ def check_deployment(
         notes.append(f"{lab[1]}'s outputs {extra} have no counterpart in {lab[0]} (not compared)")
     out_a = dict(ex_a.fetch([a for a, _ in matched]))
     out_b = dict(ex_b.fetch([b for _, b in matched]))
-    judged = _judged_dtype([*out_a.values(), *out_b.values()], compute)
+    # the compute dtype judges only outputs that fit in its range: a value beyond it (a float32 scale after the
+    # float16 part) would saturate on both sides and hide any difference
+    fits = compute is None or all(_fits(x, compute) for x in [*out_a.values(), *out_b.values()])
+    judged = _judged_dtype([*out_a.values(), *out_b.values()], compute if fits else None)
+    if not fits:
+        notes.append(f"outputs hold values beyond {compute}'s range (the deployed model computes in {compute}, then scales in a wider dtype): judged as {judged}")
     tol_spec = _as_tolerance(tolerance)
     tol = tol_spec.for_dtype(judged)
     expected = {a: _as_judged(out_a[a], judged) for a, _ in matched}
@@ -1541,7 +1554,7 @@ def check_deployment(
         alignment = _compare(ex_a, ex_b, tol_spec, chunk_bytes, None, floor=compute)
     result = DeploymentReport(
         original=lab[0], deployed=lab[1], provider=ex_a.provider, runtime=runtime, dtype=judged, tolerance=tol, outputs=report,
-        violations=violations, alignment=alignment, compute_dtype=compute, notes=tuple(notes),
+        violations=violations, alignment=alignment, compute_dtype=compute if fits else None, notes=tuple(notes),
     )
     if raise_on_failure and not result.passed:
         raise DeploymentMoved(result.render(), result)

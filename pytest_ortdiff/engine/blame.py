@@ -268,9 +268,10 @@ class BlameTable(Sequence[BlameRow]):
             if len(scopes) > len(shown_scopes):
                 lines.append(f"  ... {len(scopes) - len(shown_scopes)} more scopes, {sum(s.explained == 0 for s in scopes)} of them explaining 0 %")
         if self.oracle:
-            lines.append("against the float64 oracle (in the tested dtype):")
+            lines.append("against the float64 oracle (in the tested dtype; ULPs at the output's scale):")
             for rt in self.oracle.values():
-                lines.append(f"  {rt.name:<12} max abs {g(rt.max_abs):<10} max ulp {g(rt.max_ulp):<6} {rt.mismatches:,}/{rt.n:,} elements off")
+                ulp = rt.max_ulp if rt.max_ulp_floored is None else rt.max_ulp_floored  # (at the output's scale: what decides "closer")
+                lines.append(f"  {rt.name:<12} max abs {g(rt.max_abs):<10} max ulp {g(ulp):<6} {rt.mismatches:,}/{rt.n:,} elements off")
             closer = self.closer_to_oracle
             if closer:
                 lines.append(f"  closer to the oracle: {closer}")

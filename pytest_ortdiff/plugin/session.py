@@ -246,13 +246,13 @@ def _summary_rows(data: ResultsFile, order: Mapping[str, int] | None = None) -> 
     (`order`: test id -> place; a test's own checks in their order), the same table whichever order xdist's
     workers finished in."""
     rows = list(data.results)
-    if order:
-        rows.sort(key=lambda r: order.get(r.test, order.get(r.test.split(" [", 1)[0], len(order))))
     for extra in data.test_rows():
         if extra.provider is None:
             continue
         own = [i for i, r in enumerate(rows) if r.test == extra.test or r.test.startswith(extra.test + " [")]
         rows.insert(own[-1] + 1 if own else len(rows), extra)
+    if order:  # (stable: a test's own rows, and its test row after them, keep their order)
+        rows.sort(key=lambda r: order.get(r.test, order.get(r.test.split(" [", 1)[0], len(order))))
     return rows
 
 

@@ -1034,11 +1034,14 @@ class TorchEvaluator:
 
     @property
     def computes_nothing(self) -> bool:
-        """Whether every node that computes (all but Constant and Identity) runs on onnxruntime (`missing="ort"`,
-        "ort" overrides): a check of this evaluator against onnxruntime then compares onnxruntime with itself."""
+        """Whether every node that computes (all but Constant, Identity and control flow, the nodes of bodies
+        included) runs on onnxruntime (`missing="ort"`, "ort" overrides): a check of this evaluator against
+        onnxruntime then compares onnxruntime with itself."""
         from .ort_kernel import OrtKernel
 
-        computing = [k for k in self._kernels if k.node.op_type not in ("Constant", "Identity")]
+        # every node, those of control-flow bodies too (an "ort" override on an If goes to its branches' nodes);
+        # the control-flow nodes themselves compute nothing
+        computing = [k for node, k, _ in self._records if node.op_type not in ("Constant", "Identity") and not has_subgraph(node)]
         return bool(computing) and all(isinstance(k, OrtKernel) for k in computing)
 
     @property
