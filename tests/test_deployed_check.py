@@ -242,3 +242,25 @@ def test_compare_executions_judges_a_float16_conversion_behind_float32_io_as_flo
     alignment = compare_executions(parent, fp16, transformer_feeds(fp16))
     out = next(r for r in alignment.pairs if r.b is not None and r.b.name == "last_hidden_state")
     assert out.status == "~" and "judged as float16, b's compute dtype" in out.note and alignment.divergence is None
+
+
+def test_a_deployment_row_judged_in_another_dtype_than_its_case_says_so(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """A float16 conversion with float32 I/O in a float32 case: the row's dtype column is the case's, its
+    tolerance float16's (atol=0.01): the row says it was judged as float16."""
+    from pytest_ortdiff import models
+    from pytest_ortdiff.analyses.precision.keep import convert_half
+
+    original, deployed_ = tmp_path / "lnmm.onnx", tmp_path / "lnmm16.onnx"
+    onnx.save(models.layer_norm_matmul_add(dtype="float32"), str(original))
+    onnx.save(convert_half(models.layer_norm_matmul_add(dtype="float32"), (), dtype="float16", keep_io_types=True), str(deployed_))
+    pytester.makepyfile(test_fp16=f"""
+from pytest_ortdiff import models
+
+def test_fp16(ortdiff):
+    feeds = {{k: v.numpy() for k, v in models.random_feeds({str(original)!r}, dims={{"a": 2, "b": 8, "c": 16}}, seed=0).items()}}
+    ortdiff.check_deployment({str(original)!r}, {str(deployed_)!r}, feeds)
+""")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    row = next(line for line in result.stdout.lines if line.startswith("test_fp16.py::test_fp16[CPU-float32] [deployment]"))
+    assert "float32" in row and "atol=0.01 rtol=0.01" in row and "judged as float16" in row and row.rstrip().endswith("passed")

@@ -1416,7 +1416,9 @@ class DeploymentReport:
         """The summary row of this check (`dtype`: the case's, the matrix's column; default the one judged in);
         a failure's worst line is its first divergence."""
         where = self.divergence_line() if not self.passed else None
-        return row_for(self.outputs, self.tolerance, self.passed, provider=self.provider, dtype=dtype or self.dtype, suffix=" [deployment]", worst=where)
+        # (a case's column whose dtype is not the one judged in says which was: its tolerance is that dtype's)
+        judged = (f"judged as {self.dtype}",) if dtype is not None and dtype != self.dtype else ()
+        return row_for(self.outputs, self.tolerance, self.passed, provider=self.provider, dtype=dtype or self.dtype, suffix=" [deployment]", worst=where, notes=judged)
 
     def to_dict(self) -> dict[str, Any]:
         row = self.divergence
