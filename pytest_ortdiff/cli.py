@@ -1455,7 +1455,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "compare",
         help="torch evaluator vs onnxruntime on a model file, with random or given feeds: exit 0 within the tolerance, 1 beyond it",
         description="Run a model file through the torch evaluator and onnxruntime on the same feeds and compare the outputs "
-        "(the histogram report). Exit status: 0 within the tolerance, 1 beyond it, 2 for a bad model or argument.",
+        "(the histogram report). Exit status: 0 within the tolerance, 1 beyond it or nothing compared (every output empty, or every node "
+        "on onnxruntime), 2 for a bad model or argument.",
     )
     p.add_argument("model", metavar="MODEL.onnx")
     _model_arguments(p)
@@ -1481,7 +1482,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         help="did a deployment step move the numbers? two model files of one function on the same feeds, output to output and node to node",
         description="Run ORIGINAL.onnx and DEPLOYED.onnx (its optimized, float16, int4 or quantized form) on onnxruntime with the same feeds "
         "(drawn for ORIGINAL, cast to each model's input dtypes), compare their outputs (in the narrower dtype of each pair), and align "
-        "their values node to node, naming the first that diverges (pytest_ortdiff.align). Exit status: 0 within the tolerance, 1 beyond it, "
+        "their values node to node, naming the first that diverges (pytest_ortdiff.align). Exit status: 0 within the tolerance, 1 beyond it or nothing compared, "
         "2 for a bad model or argument.",
     )
     p.add_argument("original", metavar="ORIGINAL.onnx")
